@@ -1,0 +1,122 @@
+"""Step 2: expand a matrix into cells — cross product, exclude, include, rules, stable ids."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+
+from .matrix import Matrix, MatrixError
+
+
+@dataclass
+class Cell:
+    id: str
+    axes: dict
+    world: int
+    smoke: bool = False
+    where: str = ""  # the matrix line the cell came from (axes or an include entry)
+
+
+@dataclass
+class Dropped:
+    id: str
+    axes: dict
+    world: int
+    rule: str
+    reason: str
+
+
+def _matches(partial, axes):
+    return all(axes.get(k) == v for k, v in partial.items())
+
+
+def value_id(value):
+    text = "none" if value is None else str(value)
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", text)
+
+
+def cell_id(matrix: Matrix, axes: dict) -> str:
+    parts = []
+    for axis in matrix.axes:
+        spec = matrix.ids.get(axis, {})
+        omit = spec.get("omit", [])
+        omit = omit if isinstance(omit, list) else [omit]
+        if axes[axis] in omit:
+            continue
+        parts.append(f"{spec.get('prefix', '')}{value_id(axes[axis])}")
+    return "-".join(parts)
+
+
+def world_size(matrix: Matrix, axes: dict) -> int:
+    if not matrix.degrees:
+        return matrix.world_sizes[0]
+    return math.prod(axes[d] for d in matrix.degrees)
+
+
+def rule_names(matrix: Matrix, axes: dict) -> dict:
+    """What a rule's drop_if and reason can refer to."""
+    names = {"world": world_size(matrix, axes), "world_sizes": matrix.world_sizes,
+             "profile": matrix.profile, "device": matrix.device}
+    facts = matrix.models.get(axes.get("model"), {}) if "model" in axes else {}
+    names.update(facts)
+    names.update(axes)
+    return names
+
+
+def _drop_reason(matrix: Matrix, axes: dict):
+    names = rule_names(matrix, axes)
+    for rule in matrix.rules:
+        try:
+            dropped = eval(rule.code, {"__builtins__": {"len": len, "min": min, "max": max}}, names)
+        except NameError as e:
+            raise MatrixError(f"{rule.where}: rule {rule.name!r} uses an unknown name: {e}; "
+                              f"known: {', '.join(sorted(names))}") from None
+        except Exception as e:  # noqa: BLE001 - any error in user expressions is a matrix error
+            raise MatrixError(f"{rule.where}: rule {rule.name!r} failed on {axes}: {type(e).__name__}: {e}") from None
+        if dropped:
+            try:
+                reason = rule.reason.format(**names)
+            except (KeyError, IndexError, ValueError) as e:
+                raise MatrixError(f"{rule.where}: rule {rule.name!r}: reason refers to unknown name {e}") from None
+            return rule.name, reason
+    return None
+
+
+def expand(matrix: Matrix):
+    """Return (cells, dropped) for a matrix, in a stable order."""
+    names = list(matrix.axes)
+    candidates = []  # (axes, where)
+    for combo in itertools.product(*(matrix.axes[n] for n in names)):
+        axes = dict(zip(names, combo))
+        if any(_matches(e.values, axes) for e in matrix.exclude):
+            continue
+        candidates.append((axes, matrix.where("axes")))
+    seen = {tuple(a.items()) for a, _ in candidates}
+    for entry in matrix.include:
+        axes = {n: entry.values.get(n, matrix.axes[n][0]) for n in names}
+        if tuple(axes.items()) not in seen:
+            seen.add(tuple(axes.items()))
+            candidates.append((axes, entry.where))
+
+    cells, dropped, by_id = [], [], {}
+    for axes, where in candidates:
+        cid = cell_id(matrix, axes)
+        drop = _drop_reason(matrix, axes)
+        if drop:
+            if where != matrix.where("axes"):
+                raise MatrixError(f"{where}: include entry {cid} cannot run: rule {drop[0]!r}: {drop[1]}")
+            dropped.append(Dropped(cid, axes, world_size(matrix, axes), *drop))
+            continue
+        if cid in by_id:
+            raise MatrixError(f"{where}: two cells get the id {cid!r} ({by_id[cid].axes} and {axes}); "
+                              f"adjust `ids` so that every axis value shows")
+        smoke = any(_matches(e.values, axes) for e in matrix.smoke)
+        cell = Cell(cid, axes, world_size(matrix, axes), smoke, where)
+        by_id[cid] = cell
+        cells.append(cell)
+    for entry in matrix.smoke:
+        if not any(_matches(entry.values, c.axes) for c in cells):
+            raise MatrixError(f"{entry.where}: smoke entry {entry.values} matches no valid cell")
+    return cells, dropped

@@ -1,0 +1,330 @@
+"""Step 3: launch one cell's ranks, watch them, and leave no process behind.
+
+Two launchers share one supervisor:
+
+* ``torchrun`` — the reference: exactly ``torchrun --nproc-per-node N ... -m torchtitan.train``,
+  as a user would type it; torchrun writes one log per rank.
+* ``local`` — the runner starts the N rank processes itself with the environment torchrun
+  would give them (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...). No torch import in
+  the runner, so it suits fast fake targets and 1-rank cells.
+
+Every process of a cell carries ``SIMPLEFSDP_CELL=<token>`` in its environment. After the cell
+(and on a timeout, after a stack dump through SIGUSR1) everything carrying the token is killed,
+and anything that had to be killed after a clean finish is reported as a survivor.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from .targets import RankCommand
+
+MARKER = "SIMPLEFSDP_CELL"
+POLL_S = 0.05
+TERM_GRACE_S = 3.0
+STACK_DUMP_WAIT_S = 1.5
+
+
+@dataclass
+class LaunchSpec:
+    cell_id: str
+    command: RankCommand
+    nproc: int
+    log_dir: Path
+    timeout: float
+    port: int
+    log_limit_bytes: int = 512 * 2**20
+
+
+@dataclass
+class LaunchOutcome:
+    exit_codes: dict = field(default_factory=dict)  # rank -> exit code (negative: signal)
+    first_failed_rank: int | None = None
+    timed_out: bool = False
+    stuck_ranks: list = field(default_factory=list)
+    log_flood: bool = False
+    wall: float = 0.0
+    rank_logs: dict = field(default_factory=dict)  # rank -> [paths]
+    launcher_log: Path | None = None
+    survivors: list = field(default_factory=list)  # descriptions of processes killed after a clean end
+    reproducer: str = ""
+    launch_error: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def cell_processes(token: str):
+    """Every live process whose environment carries this cell's token."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get(MARKER) == token:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def kill_cell(token: str, grace: float = TERM_GRACE_S):
+    """SIGTERM, then SIGKILL, everything carrying the token; returns what was found alive."""
+    procs = cell_processes(token)
+    alive = []
+    for p in procs:
+        try:
+            alive.append(f"pid {p.pid} ({' '.join(p.cmdline()[:4])})")
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, rest = psutil.wait_procs(procs, timeout=grace)
+    for p in rest:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(rest, timeout=5)
+    return alive
+
+
+def _rank_env(spec: LaunchSpec, token: str):
+    env = dict(os.environ)
+    env.update(spec.command.env)
+    if "PYTHONPATH" in spec.command.env and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = spec.command.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
+    env.update({MARKER: token, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(spec.port),
+                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
+    return env
+
+
+def _quote_env(env: dict):
+    return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
+
+
+def _python_module(argv):
+    """``[python, -m, mod, args...]`` -> (mod, args); else None."""
+    if len(argv) >= 3 and argv[1] == "-m" and Path(argv[0]).name.startswith("python"):
+        return argv[2], argv[3:]
+    return None
+
+
+class _Supervisor:
+    """Waits for a set of root processes; handles timeout, failure tear-down and log floods."""
+
+    def __init__(self, spec, token, outcome):
+        self.spec, self.token, self.outcome = spec, token, outcome
+
+    def logs_size(self):
+        total = 0
+        for path in self.spec.log_dir.rglob("*.log"):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                pass
+        return total
+
+    def dump_stacks(self):
+        for p in cell_processes(self.token):
+            try:
+                p.send_signal(signal.SIGUSR1)
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(STACK_DUMP_WAIT_S)
+
+    def run(self, procs: dict, on_first_failure=None, alive_ranks=None):
+        """procs: key -> Popen. Returns once all ended (or were killed).
+
+        ``alive_ranks()`` names the ranks still running (default: the keys of live procs)."""
+        start = time.monotonic()
+        try:
+            self._watch(procs, on_first_failure, alive_ranks, start + self.spec.timeout)
+        except BaseException:  # Ctrl-C / SIGTERM of the runner: leave nothing behind
+            kill_cell(self.token, grace=1.0)
+            raise
+        self.outcome.wall = time.monotonic() - start
+        self.outcome.survivors = kill_cell(self.token)
+
+    def _watch(self, procs, on_first_failure, alive_ranks, deadline):
+        last_size_check = 0.0
+        while True:
+            for key, p in procs.items():
+                code = p.poll()
+                if code is not None and key not in self.outcome.exit_codes:
+                    self.outcome.exit_codes[key] = code
+                    if code != 0 and on_first_failure and self.outcome.first_failed_rank is None:
+                        on_first_failure(key, code, procs)
+            if len(self.outcome.exit_codes) == len(procs):
+                break
+            now = time.monotonic()
+            if now > deadline:
+                self.outcome.timed_out = True
+                self.outcome.stuck_ranks = sorted(alive_ranks() if alive_ranks else
+                                                  (k for k in procs if k not in self.outcome.exit_codes))
+                self.dump_stacks()
+                kill_cell(self.token)
+                for key, p in procs.items():
+                    self.outcome.exit_codes.setdefault(key, p.wait())
+                break
+            if now - last_size_check > 1.0:
+                last_size_check = now
+                if self.logs_size() > self.spec.log_limit_bytes:
+                    self.outcome.log_flood = True
+                    kill_cell(self.token)
+                    for key, p in procs.items():
+                        self.outcome.exit_codes.setdefault(key, p.wait())
+                    break
+            time.sleep(POLL_S)
+
+
+class LocalLauncher:
+    """Starts the ranks itself, with the environment torchrun would set."""
+
+    name = "local"
+
+    def reproducer(self, spec: LaunchSpec):
+        env = _quote_env(spec.command.env)
+        cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
+        ranks = " & ".join(
+            f"RANK={r} LOCAL_RANK={r} WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
+            f"MASTER_ADDR=127.0.0.1 MASTER_PORT={spec.port} {env} {shlex.join(spec.command.argv)}"
+            for r in range(spec.nproc))
+        return f"{cd}{ranks} & wait"
+
+    def launch(self, spec: LaunchSpec) -> LaunchOutcome:
+        token = f"{spec.cell_id}:{uuid.uuid4().hex[:12]}"
+        out = LaunchOutcome(reproducer=self.reproducer(spec))
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        base = _rank_env(spec, token)
+        procs, files = {}, []
+        try:
+            for r in range(spec.nproc):
+                env = dict(base, RANK=str(r), LOCAL_RANK=str(r), GROUP_RANK="0", ROLE_RANK=str(r),
+                           WORLD_SIZE=str(spec.nproc), LOCAL_WORLD_SIZE=str(spec.nproc),
+                           ROLE_WORLD_SIZE=str(spec.nproc), TORCHELASTIC_RUN_ID=token)
+                log = spec.log_dir / f"rank{r}.log"
+                out.rank_logs[r] = [log]
+                f = open(log, "wb")
+                files.append(f)
+                procs[r] = subprocess.Popen(spec.command.argv, env=env, cwd=spec.command.cwd, stdout=f,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+        except OSError as e:
+            out.launch_error = f"cannot start {spec.command.argv[0]!r}: {e.strerror or e}"
+            kill_cell(token)
+            for f in files:
+                f.close()
+            return out
+
+        def tear_down(rank, code, procs):
+            out.first_failed_rank = rank
+            for p in procs.values():
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+
+        try:
+            _Supervisor(spec, token, out).run(procs, tear_down)
+        finally:
+            for f in files:
+                f.close()
+        return out
+
+
+class TorchrunLauncher:
+    """``torchrun`` with per-rank log files; the reference launcher."""
+
+    name = "torchrun"
+
+    def torchrun_argv(self, spec: LaunchSpec):
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc}",
+                "--master-addr=127.0.0.1", f"--master-port={spec.port}", "--max-restarts=0",
+                f"--log-dir={spec.log_dir / 'torchrun'}", "--redirects=3"]
+        module = _python_module(spec.command.argv)
+        if module:
+            return argv + ["-m", module[0], *module[1]]
+        return argv + ["--no-python", *spec.command.argv]
+
+    def reproducer(self, spec: LaunchSpec):
+        module = _python_module(spec.command.argv)
+        head = f"torchrun --nproc-per-node={spec.nproc} --master-port={spec.port}"
+        body = f"-m {module[0]} {shlex.join(module[1])}" if module else f"--no-python {shlex.join(spec.command.argv)}"
+        cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
+        return f"{cd}{_quote_env(spec.command.env)} {head} {body}".strip()
+
+    def launch(self, spec: LaunchSpec) -> LaunchOutcome:
+        token = f"{spec.cell_id}:{uuid.uuid4().hex[:12]}"
+        out = LaunchOutcome(reproducer=self.reproducer(spec))
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        out.launcher_log = spec.log_dir / "torchrun.log"
+        with open(out.launcher_log, "wb") as f:
+            try:
+                proc = subprocess.Popen(self.torchrun_argv(spec), env=_rank_env(spec, token),
+                                        cwd=spec.command.cwd, stdout=f, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as e:
+                out.launch_error = f"cannot start torchrun: {e.strerror or e}"
+                return out
+            _Supervisor(spec, token, out).run({"torchrun": proc}, alive_ranks=lambda: self._ranks_of(proc, token))
+        code = out.exit_codes.pop("torchrun", None)
+        for r in range(spec.nproc):
+            out.rank_logs[r] = sorted((spec.log_dir / "torchrun").glob(f"*/attempt_*/{r}/std*.log"))
+        self._read_root_cause(out, code)
+        return out
+
+    @staticmethod
+    def _ranks_of(proc, token):
+        """The RANKs of torchrun's live workers (its direct children carrying the token)."""
+        ranks = set()
+        for p in cell_processes(token):
+            try:
+                if p.ppid() == proc.pid and "RANK" in p.environ():
+                    ranks.add(int(p.environ()["RANK"]))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+                pass
+        return ranks
+
+    @staticmethod
+    def _read_root_cause(out: LaunchOutcome, code):
+        """torchrun's summary names the first failed rank and its exit code or signal."""
+        text = out.launcher_log.read_text(errors="replace") if out.launcher_log else ""
+        if "Root Cause (first observed failure)" in text:
+            block = text.split("Root Cause (first observed failure)", 1)[1]
+            rank = exitcode = None
+            for line in block.splitlines()[:12]:
+                key, _, value = line.strip().partition(":")
+                if key.strip() == "rank" and rank is None:
+                    rank = int(value.split()[0])
+                elif key.strip() == "exitcode" and exitcode is None:
+                    exitcode = int(value.split()[0])
+            if rank is not None:
+                out.first_failed_rank = rank
+                out.exit_codes[rank] = exitcode
+        if code not in (0, None) and out.first_failed_rank is None and not out.timed_out:
+            out.exit_codes.setdefault("launcher", code)
+
+
+LAUNCHERS = {"torchrun": TorchrunLauncher, "local": LocalLauncher}

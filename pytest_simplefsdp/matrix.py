@@ -1,0 +1,237 @@
+"""Step 1 of the pipeline: read and validate a matrix file (axes, include/exclude, rules).
+
+A matrix file is YAML in the shape of a GitHub Actions matrix plus rules that drop impossible
+cells with a reason. Every error names the file, the line and the offending value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+TOP_KEYS = {
+    "profile": "name of the profile this file defines (cpu, h100x8, ...)",
+    "description": "free text shown in --help listings",
+    "target": "what each cell runs: a built-in target name, or {command: [...]} template",
+    "device": "cpu (gloo ranks) or cuda (nccl ranks, one GPU per rank)",
+    "world_sizes": "rank counts a cell may use; the product of `degrees` must be one of them",
+    "degrees": "axes whose product is a cell's world size",
+    "settings": "target settings shared by every cell (steps, seq_len, ...)",
+    "models": "per-model facts the rules can use (e.g. moe: true)",
+    "axes": "axis name -> list of values; the matrix is their cross product",
+    "exclude": "partial cells to remove from the cross product",
+    "include": "extra cells (axes left out take the axis's first value)",
+    "rules": "list of {name, drop_if, reason}: drop cells that cannot run, with a reason",
+    "smoke": "partial cells that form the small `smoke` tier (pytest -m smoke)",
+    "ids": "axis -> {prefix, omit}: how a value is written in a cell id",
+    "timeout": "default per-cell timeout in seconds for this profile",
+}
+RULE_KEYS = {"name", "drop_if", "reason"}
+ID_KEYS = {"prefix", "omit"}
+DEVICES = ("cpu", "cuda")
+
+
+class MatrixError(Exception):
+    """A matrix file that cannot be used; the message names file, line and value."""
+
+
+@dataclass
+class Rule:
+    name: str
+    drop_if: str
+    reason: str
+    where: str  # "file:line"
+    code: object = None
+
+
+@dataclass
+class Entry:
+    """A partial cell from include/exclude/smoke, with where it was written."""
+
+    values: dict
+    where: str
+
+
+@dataclass
+class Matrix:
+    path: Path
+    profile: str
+    target: object
+    device: str
+    world_sizes: list
+    degrees: list
+    axes: dict  # name -> list of values, in file order
+    settings: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
+    exclude: list = field(default_factory=list)
+    include: list = field(default_factory=list)
+    rules: list = field(default_factory=list)
+    smoke: list = field(default_factory=list)
+    ids: dict = field(default_factory=dict)
+    timeout: float | None = None
+    description: str = ""
+    lines: dict = field(default_factory=dict)  # top key -> "file:line"
+
+    def where(self, key):
+        return self.lines.get(key, str(self.path))
+
+
+def _plain(node):
+    """ruamel's commented containers -> plain dicts/lists (values keep their types)."""
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _line(path, node, key=None, index=None):
+    try:
+        if key is not None:
+            line = node.lc.key(key)[0]
+        elif index is not None:
+            line = node.lc.item(index)[0]
+        else:
+            line = node.lc.line
+        return f"{path}:{line + 1}"
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return str(path)
+
+
+def load_yaml(path):
+    """Load a YAML file in round-trip mode (keeps line numbers); errors name file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise MatrixError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return YAML(typ="rt").load(text)
+    except YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise MatrixError(f"{where}: not valid YAML: {problem}") from None
+
+
+def _check_keys(path, node, allowed, what):
+    for key in node:
+        if key not in allowed:
+            raise MatrixError(
+                f"{_line(path, node, key=key)}: unknown {what} key {key!r}; "
+                f"allowed: {', '.join(sorted(allowed))}"
+            )
+
+
+def _entries(path, doc, key, axes):
+    node = doc.get(key) or []
+    if not isinstance(node, list):
+        raise MatrixError(f"{_line(path, doc, key=key)}: `{key}` must be a list of partial cells")
+    out = []
+    for i, item in enumerate(node):
+        where = _line(path, node, index=i)
+        if not isinstance(item, dict) or not item:
+            raise MatrixError(f"{where}: `{key}` entry must be a mapping of axis: value, got {item!r}")
+        for axis in item:
+            if axis not in axes:
+                raise MatrixError(
+                    f"{_line(path, item, key=axis)}: `{key}` names unknown axis {axis!r}; "
+                    f"axes: {', '.join(axes)}"
+                )
+        out.append(Entry(_plain(item), where))
+    return out
+
+
+def load_matrix(path) -> Matrix:
+    path = Path(path)
+    doc = load_yaml(path)
+    if not isinstance(doc, dict):
+        raise MatrixError(f"{path}:1: a matrix file must be a YAML mapping, got {type(doc).__name__}")
+    _check_keys(path, doc, TOP_KEYS, "top-level")
+    lines = {k: _line(path, doc, key=k) for k in doc}
+    for key in ("profile", "target", "axes"):
+        if key not in doc:
+            raise MatrixError(f"{path}: missing required key `{key}`")
+
+    axes_node = doc["axes"]
+    if not isinstance(axes_node, dict) or not axes_node:
+        raise MatrixError(f"{lines['axes']}: `axes` must map axis names to lists of values")
+    axes = {}
+    for name, values in axes_node.items():
+        where = _line(path, axes_node, key=name)
+        if not isinstance(values, list) or not values:
+            raise MatrixError(f"{where}: axis {name!r} must be a non-empty list, got {values!r}")
+        if len(set(map(repr, values))) != len(values):
+            raise MatrixError(f"{where}: axis {name!r} lists a value twice: {list(values)}")
+        axes[name] = _plain(values)
+
+    device = doc.get("device", "cpu")
+    if device not in DEVICES:
+        raise MatrixError(f"{lines.get('device', path)}: device {device!r} is not one of {DEVICES}")
+    world_sizes = _plain(doc.get("world_sizes", []))
+    if not world_sizes or not all(isinstance(w, int) and w > 0 for w in world_sizes):
+        raise MatrixError(f"{lines.get('world_sizes', path)}: `world_sizes` must be a list of positive integers")
+    degrees = _plain(doc.get("degrees", []))
+    for d in degrees:
+        if d not in axes:
+            raise MatrixError(f"{lines['degrees']}: degree {d!r} is not an axis; axes: {', '.join(axes)}")
+        bad = [v for v in axes[d] if not isinstance(v, int) or v < 1]
+        if bad:
+            raise MatrixError(f"{_line(path, axes_node, key=d)}: degree axis {d!r} has non-positive-integer values {bad}")
+
+    rules = []
+    for i, item in enumerate(doc.get("rules") or []):
+        where = _line(path, doc["rules"], index=i)
+        if not isinstance(item, dict):
+            raise MatrixError(f"{where}: a rule must be a mapping with {sorted(RULE_KEYS)}")
+        _check_keys(path, item, RULE_KEYS, "rule")
+        missing = RULE_KEYS - set(item)
+        if missing:
+            raise MatrixError(f"{where}: rule {item.get('name', '?')!r} is missing {sorted(missing)}")
+        rule = Rule(str(item["name"]), str(item["drop_if"]), str(item["reason"]), where)
+        try:
+            rule.code = compile(rule.drop_if, f"<rule {rule.name}>", "eval")
+        except SyntaxError as e:
+            raise MatrixError(f"{where}: rule {rule.name!r}: drop_if is not a valid expression: {rule.drop_if!r} ({e.msg})") from None
+        rules.append(rule)
+    names = [r.name for r in rules]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise MatrixError(f"{lines['rules']}: duplicate rule names {sorted(dupes)}")
+
+    ids = _plain(doc.get("ids") or {})
+    for axis, spec in ids.items():
+        where = _line(path, doc["ids"], key=axis)
+        if axis not in axes:
+            raise MatrixError(f"{where}: `ids` names unknown axis {axis!r}")
+        if not isinstance(spec, dict):
+            raise MatrixError(f"{where}: ids.{axis} must be a mapping with keys {sorted(ID_KEYS)}")
+        _check_keys(path, doc["ids"][axis], ID_KEYS, f"ids.{axis}")
+
+    timeout = doc.get("timeout")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0 or math.isnan(timeout)):
+        raise MatrixError(f"{lines['timeout']}: timeout must be a positive number of seconds, got {timeout!r}")
+
+    return Matrix(
+        path=path,
+        profile=str(doc["profile"]),
+        target=_plain(doc["target"]),
+        device=device,
+        world_sizes=world_sizes,
+        degrees=degrees,
+        axes=axes,
+        settings=_plain(doc.get("settings") or {}),
+        models=_plain(doc.get("models") or {}),
+        exclude=_entries(path, doc, "exclude", axes),
+        include=_entries(path, doc, "include", axes),
+        rules=rules,
+        smoke=_entries(path, doc, "smoke", axes),
+        ids=ids,
+        timeout=timeout,
+        description=str(doc.get("description", "")),
+        lines=lines,
+    )

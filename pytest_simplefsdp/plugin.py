@@ -1,0 +1,376 @@
+"""The pytest plugin: options, one test item per matrix cell, outcomes, table and stored results.
+
+Without ``--simplefsdp-matrix`` (or ini ``simplefsdp_matrix = true``) it adds nothing to a run.
+Pipeline: matrix -> cells -> launch -> results -> (verdict) -> report.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from . import report
+from .cells import Cell, expand, value_id
+from .launch import LAUNCHERS, LaunchSpec, free_port
+from .matrix import MatrixError, load_matrix
+from .results import build_result
+from .targets import ROOT, make_target
+
+MATRIX_DIR = ROOT / "matrix"
+DEFAULT_TIMEOUT = 900.0
+COLUMN_AXES = ("compile", "backend", "memory_policy")
+
+# name, ini type, default, help. CLI --simplefsdp-<name> ; ini simplefsdp_<name>.
+OPTIONS = [
+    ("matrix", "bool", False, "run the SimpleFSDP composability matrix: one test per valid cell "
+                              "(ordinary test files are not collected in this mode)"),
+    ("profile", "string", "auto", "profile(s) to run, comma-separated: a file name in matrix/ without .yaml "
+                                  "(cpu, h100x8), 'all', or 'auto' (h100x8 where 8 CUDA devices are visible, "
+                                  "else cpu)"),
+    ("matrix-file", "args", [], "matrix YAML file(s) to run instead of --simplefsdp-profile (repeatable)"),
+    ("timeout", "string", None, "per-cell timeout in seconds (default: the matrix file's `timeout`, else 900); "
+                                "a cell past it is stack-dumped, killed and reported as a hang"),
+    ("dry-run", "bool", False, "collect the cells and print each one's exact command and environment; "
+                               "launch nothing"),
+    ("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
+                             "first error line, failing rank, wall time, log dir) to this JSON file"),
+    ("launcher", "string", "torchrun", "how ranks are started: torchrun (reference) or local "
+                                       "(the runner starts each rank with torchrun's environment)"),
+    ("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
+                                  "under the rootdir)"),
+]
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("simplefsdp", "SimpleFSDP composability matrix (pytest-simplefsdp)")
+    for name, kind, default, help_text in OPTIONS:
+        dest = "simplefsdp_" + name.replace("-", "_")
+        if kind == "bool":
+            group.addoption(f"--simplefsdp-{name}", action="store_true", default=None, dest=dest, help=help_text)
+        elif kind == "args":
+            group.addoption(f"--simplefsdp-{name}", action="append", default=None, dest=dest, metavar="PATH",
+                            help=help_text)
+        else:
+            group.addoption(f"--simplefsdp-{name}", default=None, dest=dest, help=help_text + f" [ini: {dest}]")
+        parser.addini(dest, help=help_text, type=kind if kind != "string" else "string", default=default)
+
+
+def option(config, name):
+    dest = "simplefsdp_" + name.replace("-", "_")
+    value = config.getoption(dest)
+    return value if value is not None else config.getini(dest)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "simplefsdp: a cell of the SimpleFSDP composability matrix")
+    config.addinivalue_line("markers", "smoke: the small tier of matrix cells that CI runs (pytest -m smoke)")
+    if option(config, "matrix"):
+        config.pluginmanager.register(MatrixSession(config), "simplefsdp-session")
+
+
+def _cuda_devices():
+    if not shutil.which("nvidia-smi"):
+        return 0
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def matrix_files(config):
+    files = option(config, "matrix-file")
+    if files:
+        return [Path(f) for f in files]
+    known = {p.stem: p for p in sorted(MATRIX_DIR.glob("*.yaml"))}
+    wanted = [p.strip() for p in str(option(config, "profile")).split(",") if p.strip()]
+    out = []
+    for name in wanted:
+        if name == "all":
+            out.extend(known.values())
+        elif name == "auto":
+            out.append(known["h100x8" if _cuda_devices() >= 8 else "cpu"])
+        elif name in known:
+            out.append(known[name])
+        else:
+            raise pytest.UsageError(f"--simplefsdp-profile: unknown profile {name!r}; "
+                                    f"known: auto, all, {', '.join(known)}")
+    return out
+
+
+def _labels(matrix, axes):
+    """(row, column) labels for the table: columns are compile × backend × memory policy."""
+    col_axes = [a for a in matrix.axes if a in COLUMN_AXES] or [list(matrix.axes)[-1]]
+    parts = {}
+    for axis in matrix.axes:
+        spec = matrix.ids.get(axis, {})
+        omit = spec.get("omit", [])
+        omit = omit if isinstance(omit, list) else [omit]
+        parts[axis] = "" if axes[axis] in omit else f"{spec.get('prefix', '')}{value_id(axes[axis])}"
+    row = " ".join(parts[a] for a in matrix.axes if a not in col_axes and parts[a]) or "-"
+    col = " ".join(parts[a] for a in col_axes if parts[a]) or "-"
+    return row, col
+
+
+class MatrixRun:
+    """One matrix file's cells, target and results."""
+
+    def __init__(self, path, config, cache_dir):
+        self.matrix = load_matrix(path)
+        self.target = make_target(self.matrix, cache_dir)
+        self.cells, self.dropped = expand(self.matrix)
+        rel = Path(os.path.relpath(self.matrix.path.resolve(), config.rootpath))
+        self.name = str(rel) if not str(rel).startswith("..") else self.matrix.path.name
+        self.prepared = False
+
+    def meta(self, launcher):
+        return {"type": "meta", "matrix": self.name, "profile": self.matrix.profile,
+                "target": self.target.name, "device": self.matrix.device, "launcher": launcher,
+                "versions": versions(self.target), "date": datetime.date.today().isoformat(),
+                "cells": len(self.cells), "dropped_cells": len(self.dropped)}
+
+    def labels(self, axes):
+        return _labels(self.matrix, axes)
+
+
+def versions(target):
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "torchtitan"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+class MatrixSession:
+    """State of a matrix run; registered as a plugin when --simplefsdp-matrix is on."""
+
+    def __init__(self, config):
+        self.config = config
+        self.dry_run = bool(option(config, "dry-run"))
+        launcher = option(config, "launcher")
+        if launcher not in LAUNCHERS:
+            raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {launcher!r}; "
+                                    f"known: {', '.join(LAUNCHERS)}")
+        self.launcher = LAUNCHERS[launcher]()
+        timeout = option(config, "timeout")
+        try:
+            self.timeout = float(timeout) if timeout not in (None, "") else None
+        except ValueError:
+            raise pytest.UsageError(f"--simplefsdp-timeout: not a number of seconds: {timeout!r}") from None
+        if self.timeout is not None and self.timeout <= 0:
+            raise pytest.UsageError(f"--simplefsdp-timeout must be positive, got {timeout}")
+        self.cache_dir = config.rootpath / ".simplefsdp"
+        try:
+            self.runs = [MatrixRun(p, config, self.cache_dir) for p in matrix_files(config)]
+        except MatrixError as e:
+            raise pytest.UsageError(str(e)) from None
+        if not self.dry_run:
+            for run in self.runs:
+                problem = run.target.check_installed()
+                if problem:
+                    raise pytest.UsageError(problem)
+                if run.matrix.device == "cuda":
+                    need = max(c.world for c in run.cells) if run.cells else 0
+                    have = _cuda_devices()
+                    if have < need:
+                        raise pytest.UsageError(
+                            f"{run.matrix.path}: profile {run.matrix.profile} needs {need} CUDA devices, "
+                            f"{have} visible; use --simplefsdp-dry-run to list its cells")
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        art = option(config, "artifacts")
+        self.run_dir = Path(art) if art else config.rootpath / ".simplefsdp" / "runs" / stamp
+        self.results = {}  # (run name, cell id) -> CellResult
+        self.jsonl = None
+
+    # --- collection ---------------------------------------------------------------------
+
+    def pytest_ignore_collect(self, collection_path, config):
+        return True  # matrix mode runs the matrix only
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        for run in self.runs:
+            collector = MatrixCollector.from_parent(session, name=run.name, run=run)
+            items.extend(collector.collect())
+
+    def pytest_report_header(self, config):
+        lines = []
+        for run in self.runs:
+            lines.append(f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
+                         f"cells={len(run.cells)} n/a={len(run.dropped)} launcher={self.launcher.name}"
+                         + (" DRY RUN" if self.dry_run else ""))
+        return lines
+
+    # --- running ------------------------------------------------------------------------
+
+    def cell_timeout(self, run):
+        return self.timeout or run.matrix.timeout or DEFAULT_TIMEOUT
+
+    def spec_for(self, run, cell, port=None):
+        cell_dir = self.run_dir / value_id(run.matrix.profile) / cell.id
+        port = port or free_port()
+        command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port)
+        return LaunchSpec(cell.id, command, cell.world, cell_dir, self.cell_timeout(run), port)
+
+    def _store(self, record):
+        if self.jsonl is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.jsonl = open(self.run_dir / "results.jsonl", "a")
+            for run in self.runs:
+                self._write(run.meta(self.launcher.name))
+                for d in run.dropped:
+                    row, col = run.labels(d.axes)
+                    self._write({"type": "dropped", "matrix": run.name, "id": d.id, "axes": d.axes,
+                                 "rule": d.rule, "reason": d.reason, "row": row, "column": col})
+        self._write(record)
+
+    def _write(self, record):
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        os.fsync(self.jsonl.fileno())
+
+    def run_cell(self, run, cell):
+        if not run.prepared:
+            run.target.prepare()
+            run.prepared = True
+        spec = self.spec_for(run, cell)
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        (spec.log_dir / "command.txt").write_text(self.launcher.reproducer(spec) + "\n")
+        outcome = self.launcher.launch(spec)
+        result = build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
+        return result
+
+    def record(self, run, result):
+        self.results[(run.name, result.id)] = result
+        rec = result.record()
+        rec.update(type="cell", matrix=run.name)
+        rec["row"], rec["column"] = run.labels(result.axes)
+        Path(result.log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
+        self._store(rec)
+
+    # --- reporting ----------------------------------------------------------------------
+
+    def document(self):
+        runs = []
+        for run in self.runs:
+            cells = []
+            for cell in run.cells:
+                res = self.results.get((run.name, cell.id))
+                if res is not None:
+                    rec = res.record()
+                    rec["row"], rec["column"] = run.labels(cell.axes)
+                    cells.append(rec)
+            dropped = []
+            for d in run.dropped:
+                row, col = run.labels(d.axes)
+                dropped.append({"id": d.id, "axes": d.axes, "rule": d.rule, "reason": d.reason,
+                                "row": row, "column": col})
+            meta = run.meta(self.launcher.name)
+            meta.pop("type")
+            runs.append({"meta": meta, "cells": cells, "dropped": dropped})
+        return {"runs": runs}
+
+    def pytest_terminal_summary(self, terminalreporter):
+        tr = terminalreporter
+        if self.dry_run:
+            tr.section("simplefsdp dry run: commands")
+            for run in self.runs:
+                for cell in run.cells:
+                    if (run.name, cell.id) in self.selected:
+                        spec = self.spec_for(run, cell, port=29500)
+                        tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]")
+                        tr.write_line(f"  {self.launcher.reproducer(spec)}")
+            for run in self.runs:
+                tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
+            return
+        doc = self.document()
+        tr.section("simplefsdp composability")
+        tr.write_line(report.render_text(doc))
+        if self.jsonl is not None:
+            tr.write_line(f"results: {self.run_dir / 'results.jsonl'}")
+        path = option(self.config, "json")
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+            tr.write_line(f"json report: {path}")
+
+    def pytest_collection_finish(self, session):
+        self.selected = {(item.run.name, item.cell.id) for item in session.items if isinstance(item, CellItem)}
+
+    def pytest_unconfigure(self, config):
+        if self.jsonl is not None:
+            self.jsonl.close()
+
+
+class MatrixCollector(pytest.Collector):
+    def __init__(self, *, run, **kwargs):
+        super().__init__(**kwargs)
+        self.run = run
+
+    def collect(self):
+        for cell in self.run.cells:
+            item = CellItem.from_parent(self, name=cell.id, run=self.run, cell=cell)
+            item.add_marker(pytest.mark.simplefsdp)
+            if cell.smoke:
+                item.add_marker(pytest.mark.smoke)
+            yield item
+
+
+class CellFailed(Exception):
+    def __init__(self, result):
+        super().__init__(result.error_line)
+        self.result = result
+
+
+class CellItem(pytest.Item):
+    def __init__(self, *, run, cell: Cell, **kwargs):
+        super().__init__(**kwargs)
+        self.run, self.cell = run, cell
+        self.user_properties.append(("axes", json.dumps(cell.axes)))
+
+    @property
+    def session_state(self) -> MatrixSession:
+        return self.config.pluginmanager.get_plugin("simplefsdp-session")
+
+    def runtest(self):
+        state = self.session_state
+        if state.dry_run:
+            pytest.skip("dry run: not launched")
+        start = time.monotonic()
+        result = state.run_cell(self.run, self.cell)
+        state.record(self.run, result)
+        self.user_properties.append(("wall_s", round(time.monotonic() - start, 2)))
+        if result.status == "failed":
+            self.user_properties.append(("failure_class", result.failure_class))
+            raise CellFailed(result)
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, CellFailed):
+            r = excinfo.value.result
+            lines = [f"{r.id}: [{r.failure_class}] {r.error_line}"]
+            if r.failing_rank is not None:
+                lines.append(f"  first failing rank: {r.failing_rank} (exit codes {r.exit_codes})")
+            if r.error_text and r.error_text != r.error_line:
+                lines.append("  " + r.error_text.replace("\n", "\n  ")[:4000])
+            lines.extend(f"  {d}" for d in r.details)
+            lines.append(f"  logs: {r.log_dir}")
+            lines.append(f"  rerun: {r.reproducer}")
+            return "\n".join(lines)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.run.matrix.path, None, f"{self.run.name}::{self.cell.id}"

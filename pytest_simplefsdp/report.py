@@ -1,0 +1,158 @@
+"""Step 6: the composability table and the stored run, rendered from results alone.
+
+A run is stored as JSON lines (one ``meta`` line per matrix, then one ``cell`` or ``dropped``
+line each), flushed as cells finish, so a killed run keeps what it finished. The same table can
+be rendered later from that file or from the ``--simplefsdp-json`` document:
+
+    python -m pytest_simplefsdp.report RUN.json[l] [--format text|md|json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, OrderedDict
+
+from tabulate import tabulate
+
+SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
+           "dropped": "n/a"}
+
+
+def load_run(path):
+    """Read a run from a JSON document or JSON lines; returns {"runs": [{meta, cells, dropped}]}."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        doc = json.loads(text)
+        if isinstance(doc, dict) and "runs" in doc:
+            return doc
+    except json.JSONDecodeError:
+        pass
+    runs = OrderedDict()
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(text.splitlines()):
+                break  # a line cut short by a killed run: keep the rest
+            raise SystemExit(f"{path}:{n}: not a JSON record: {e.msg}") from None
+        key = rec.get("matrix")
+        run = runs.setdefault(key, {"meta": {}, "cells": [], "dropped": []})
+        kind = rec.pop("type", "cell")
+        if kind == "meta":
+            run["meta"] = rec
+        elif kind == "dropped":
+            run["dropped"].append(rec)
+        else:
+            run["cells"].append(rec)
+    return {"runs": list(runs.values())}
+
+
+def cell_text(rec, markdown=False):
+    status = rec.get("status", "dropped")
+    text = SYMBOLS.get(status, status)
+    if status == "failed" and rec.get("failure_class"):
+        text += f" {rec['failure_class']}"
+    if rec.get("wall") and status not in ("dropped", "skipped"):
+        text += f" {rec['wall']:.0f}s"
+    if markdown and status == "failed":
+        text = f"**{text}**"
+    return text
+
+
+def grid(run, markdown=False):
+    """(headers, rows) of one matrix: rows are layouts, columns compile × memory policy."""
+    cells = run["cells"]
+    rows, cols = OrderedDict(), OrderedDict()
+    for rec in cells:
+        rows.setdefault(rec["row"], {})
+        cols.setdefault(rec["column"], None)
+    for rec in run["dropped"]:
+        if rec["row"] in rows:
+            cols.setdefault(rec["column"], None)
+    for rec in run["dropped"]:
+        if rec["row"] in rows:
+            rows[rec["row"]].setdefault(rec["column"], "n/a")
+    for rec in cells:
+        rows[rec["row"]][rec["column"]] = cell_text(rec, markdown)
+    headers = ["layout", *cols]
+    body = [[row, *(entries.get(c, "") for c in cols)] for row, entries in rows.items()]
+    return headers, body
+
+
+def footnotes(run):
+    lines = []
+    for rec in run["cells"]:
+        if rec.get("status") in ("failed", "xfailed", "xpassed"):
+            rank = f", rank {rec['failing_rank']}" if rec.get("failing_rank") is not None else ""
+            cls = rec.get("failure_class") or rec.get("status")
+            lines.append(f"{rec['id']}: [{cls}{rank}] {rec.get('error_line') or ''}")
+            lines.append(f"    logs: {rec.get('log_dir', '')}")
+    by_rule = Counter(rec["rule"] for rec in run["dropped"])
+    if by_rule:
+        lines.append(f"n/a: {sum(by_rule.values())} cells dropped by rule: "
+                     + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common()))
+    return lines
+
+
+def summary_counts(run):
+    counts = Counter(rec.get("status") for rec in run["cells"])
+    parts = [f"{n} {status}" for status, n in counts.most_common()]
+    return ", ".join(parts + [f"{len(run['dropped'])} n/a"])
+
+
+def render_text(doc):
+    out = []
+    for run in doc["runs"]:
+        meta = run["meta"]
+        out.append(f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
+                   f"target {meta.get('target', '?')}, launcher {meta.get('launcher', '?')}): {summary_counts(run)}")
+        if run["cells"]:
+            headers, body = grid(run)
+            out.append(tabulate(body, headers=headers, tablefmt="simple"))
+        out.extend(footnotes(run))
+        out.append("")
+    return "\n".join(out)
+
+
+def render_md(doc):
+    out = []
+    for run in doc["runs"]:
+        meta = run["meta"]
+        out.append(f"## {meta.get('profile', '?')}: {meta.get('matrix', '?')}")
+        out.append("")
+        versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
+        out.append(f"target {meta.get('target', '?')}; {versions}; {meta.get('date', '')}")
+        out.append("")
+        if run["cells"]:
+            headers, body = grid(run, markdown=True)
+            out.append(tabulate(body, headers=headers, tablefmt="github"))
+            out.append("")
+        out.extend(f"- {line.strip()}" for line in footnotes(run))
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m pytest_simplefsdp.report",
+                                     description="Render a stored simplefsdp run (JSON or JSON lines).")
+    parser.add_argument("run", help="a --simplefsdp-json document or a run's results.jsonl")
+    parser.add_argument("--format", choices=("text", "md", "json"), default="text")
+    args = parser.parse_args(argv)
+    try:
+        doc = load_run(args.run)
+    except OSError as e:
+        parser.error(f"{args.run}: {e.strerror}")
+    if args.format == "json":
+        print(json.dumps(doc, indent=1))
+    else:
+        print(render_md(doc) if args.format == "md" else render_text(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Step 4: turn a launch outcome and its per-rank logs into a cell result.
+
+Reads the per-step losses, and on failure the rank that failed first, its first meaningful
+error line (the exception line of its last traceback), and a failure class.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+from dataclasses import asdict, dataclass, field
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
+TRACEBACK = "Traceback (most recent call last):"
+CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
+ERRORISH = re.compile(r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed)")
+
+COMPILE_FRAMES = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "torch/_higher_order_ops/",
+                  "torch/fx/experimental/", "torch/_export/", "graph_trainer/make_fx_tracer",
+                  "graph_trainer/compile", "graph_trainer/passes", "graph_trainer/jit_backend")
+COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "InductorError", "BackendCompilerFailed",
+                 "torch.fx.experimental.symbolic_shapes")
+CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", "configs.py\", line",
+                 "validate_config")
+CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is not a valid")
+
+FAILURE_CLASSES = ("invalid_config", "compile", "runtime", "crash", "hang", "no_result", "numerics", "infra")
+
+
+@dataclass
+class CellResult:
+    id: str
+    axes: dict
+    status: str = "passed"  # pytest outcome: passed, failed, skipped, xfailed, xpassed
+    failure_class: str | None = None
+    losses: dict = field(default_factory=dict)  # step -> loss (float; NaN allowed)
+    error_line: str | None = None
+    error_text: str | None = None  # the whole exception message (for signatures)
+    failing_rank: int | None = None
+    exit_codes: dict = field(default_factory=dict)
+    stuck_ranks: list = field(default_factory=list)
+    wall: float = 0.0
+    log_dir: str = ""
+    rank_logs: dict = field(default_factory=dict)
+    reproducer: str = ""
+    world: int = 0
+    details: list = field(default_factory=list)  # extra lines for the failure report
+
+    def record(self):
+        d = asdict(self)
+        d["losses"] = {str(k): (None if v is None or math.isnan(v) else v) for k, v in self.losses.items()}
+        d["nan_steps"] = [k for k, v in self.losses.items() if v is not None and math.isnan(v)]
+        d["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
+        d["rank_logs"] = {str(k): [str(p) for p in v] for k, v in self.rank_logs.items()}
+        return d
+
+
+def read_text(paths):
+    parts = []
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                parts.append(f.read().decode(errors="replace"))
+        except OSError:
+            pass
+    return ANSI.sub("", "\n".join(parts))
+
+
+def parse_losses(text):
+    losses = {}
+    for m in LOSS.finditer(text):
+        try:
+            losses.setdefault(int(m.group(1)), float(m.group(2).rstrip(",")))
+        except ValueError:
+            continue
+    return losses
+
+
+def last_exception(text):
+    """(exception line, whole message, frames text) of the last traceback in a log, or None."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().endswith(TRACEBACK)]
+    if not starts:
+        return None
+    i = starts[-1] + 1
+    frames = []
+    while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
+        frames.append(lines[i])
+        i += 1
+    if i >= len(lines):
+        return None
+    first = lines[i].strip()
+    message = [first]
+    for line in lines[i + 1:]:
+        stripped = line.strip()
+        if (not stripped or stripped.startswith(("[titan]", "[rank", TRACEBACK)) or stripped.startswith(CHAIN_MARKERS)
+                or re.match(r"^\[?[A-Z]\d{4} ", stripped)):
+            break
+        message.append(line.rstrip())
+    # all frames of the log's tracebacks help classification (chained exceptions)
+    all_frames = "\n".join(line for line in lines if line.startswith("  File "))
+    return first, "\n".join(message), all_frames
+
+
+def fallback_error(text):
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ERRORISH.search(line) and not line.startswith("[titan]"):
+            return line
+    return lines[-1] if lines else None
+
+
+def classify(error_line, frames, exit_code):
+    if exit_code is not None and exit_code < 0 and exit_code != -signal.SIGTERM:
+        return "crash"
+    text = error_line or ""
+    if any(t in text for t in CONFIG_TEXT) or any(f in frames for f in CONFIG_FRAMES):
+        return "invalid_config"
+    if text.startswith(COMPILE_TYPES) or any(f in frames for f in COMPILE_FRAMES):
+        return "compile"
+    return "runtime"
+
+
+def signal_name(code):
+    try:
+        return signal.Signals(-code).name
+    except (ValueError, TypeError):
+        return f"signal {-code}"
+
+
+def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
+    res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
+                     log_dir=str(log_dir), rank_logs=outcome.rank_logs, reproducer=outcome.reproducer,
+                     exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks))
+    texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
+    for r in sorted(texts):
+        losses = parse_losses(texts[r])
+        if losses:
+            res.losses = losses
+            break
+
+    def fail(cls, line, rank=None, text=None):
+        res.status, res.failure_class, res.error_line, res.failing_rank = "failed", cls, line, rank
+        res.error_text = text or line
+
+    if outcome.launch_error:
+        fail("infra", outcome.launch_error)
+    elif outcome.timed_out:
+        ranks = ", ".join(map(str, outcome.stuck_ranks)) or "unknown"
+        fail("hang", f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}",
+             outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
+        res.details.append("every rank's Python stack was dumped into its log (SIGUSR1/faulthandler)")
+    elif outcome.log_flood:
+        fail("runtime", "log output over the limit; the cell was stopped", None)
+    else:
+        failed = outcome.first_failed_rank
+        if failed is None:
+            bad = [r for r, c in outcome.exit_codes.items() if c not in (0, None)]
+            failed = bad[0] if bad else None
+        if failed is not None and failed in texts:
+            code = outcome.exit_codes.get(failed)
+            exc = last_exception(texts[failed])
+            if code is not None and code < 0 and code != -signal.SIGTERM:
+                line = f"rank {failed} killed by {signal_name(code)}"
+                fail("crash", line, failed, line)
+            elif exc:
+                fail(classify(exc[0], exc[2], code), exc[0], failed, exc[1])
+            else:
+                line = fallback_error(texts[failed]) or f"rank {failed} exited with code {code}"
+                fail(classify(line, "", code), line if code is None else f"exit code {code}: {line}", failed, line)
+        elif failed == "launcher" or failed is not None:
+            text = read_text([outcome.launcher_log]) if outcome.launcher_log else ""
+            line = fallback_error(text) or f"launcher exited with code {outcome.exit_codes.get(failed)}"
+            fail("infra", line, None)
+        elif expected_steps and len(res.losses) < expected_steps:
+            fail("no_result", f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps "
+                              f"logged a loss", None)
+    if outcome.survivors and res.status == "passed":
+        fail("infra", f"{len(outcome.survivors)} process(es) outlived the cell and were killed: "
+                      f"{'; '.join(outcome.survivors[:3])}")
+    elif outcome.survivors:
+        res.details.append(f"killed {len(outcome.survivors)} leftover process(es) of the cell")
+    if res.status == "passed" and any(math.isnan(v) or math.isinf(v) for v in res.losses.values()):
+        bad = min(k for k, v in res.losses.items() if math.isnan(v) or math.isinf(v))
+        fail("numerics", f"loss is {res.losses[bad]} at step {bad}")
+    return res
+
