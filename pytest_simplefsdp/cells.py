@@ -93,11 +93,14 @@ def expand(matrix: Matrix):
         if any(_matches(e.values, axes) for e in matrix.exclude):
             continue
         candidates.append((axes, matrix.where("axes")))
-    seen = {tuple(a.items()) for a, _ in candidates}
-    for entry in matrix.include:
+    index = {tuple(a.items()): i for i, (a, _) in enumerate(candidates)}
+    for entry in matrix.include:  # an included cell was asked for by name: a rule dropping it is an error
         axes = {n: entry.values.get(n, matrix.axes[n][0]) for n in names}
-        if tuple(axes.items()) not in seen:
-            seen.add(tuple(axes.items()))
+        key = tuple(axes.items())
+        if key in index:
+            candidates[index[key]] = (axes, entry.where)
+        else:
+            index[key] = len(candidates)
             candidates.append((axes, entry.where))
 
     cells, dropped, by_id = [], [], {}

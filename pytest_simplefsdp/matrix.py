@@ -192,6 +192,7 @@ def load_matrix(path) -> Matrix:
         missing = RULE_KEYS - set(item)
         if missing:
             raise MatrixError(f"{where}: rule {item.get('name', '?')!r} is missing {sorted(missing)}")
+        where = _line(path, item, key="drop_if")  # errors are about the expression
         rule = Rule(str(item["name"]), str(item["drop_if"]), str(item["reason"]), where)
         try:
             rule.code = compile(rule.drop_if, f"<rule {rule.name}>", "eval")

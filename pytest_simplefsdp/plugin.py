@@ -203,8 +203,8 @@ class MatrixSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):
         for run in self.runs:
-            collector = MatrixCollector.from_parent(session, name=run.name, run=run)
-            items.extend(collector.collect())
+            collector = MatrixCollector.from_parent(session, name=run.name, nodeid=run.name, run=run)
+            items.extend(session.genitems(collector))  # reports the collection like any file's
 
     def pytest_report_header(self, config):
         lines = []
@@ -373,4 +373,5 @@ class CellItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self):
-        return self.run.matrix.path, None, f"{self.run.name}::{self.cell.id}"
+        line = self.cell.where.rpartition(":")[2]
+        return self.run.matrix.path, int(line) - 1 if line.isdigit() else None, self.cell.id

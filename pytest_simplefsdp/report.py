@@ -68,14 +68,11 @@ def grid(run, markdown=False):
     """(headers, rows) of one matrix: rows are layouts, columns compile × memory policy."""
     cells = run["cells"]
     rows, cols = OrderedDict(), OrderedDict()
-    for rec in cells:
+    for rec in cells:  # only rows and columns with at least one run cell are shown
         rows.setdefault(rec["row"], {})
         cols.setdefault(rec["column"], None)
     for rec in run["dropped"]:
-        if rec["row"] in rows:
-            cols.setdefault(rec["column"], None)
-    for rec in run["dropped"]:
-        if rec["row"] in rows:
+        if rec["row"] in rows and rec["column"] in cols:
             rows[rec["row"]].setdefault(rec["column"], "n/a")
     for rec in cells:
         rows[rec["row"]][rec["column"]] = cell_text(rec, markdown)
@@ -101,8 +98,9 @@ def footnotes(run):
 
 def summary_counts(run):
     counts = Counter(rec.get("status") for rec in run["cells"])
-    parts = [f"{n} {status}" for status, n in counts.most_common()]
-    return ", ".join(parts + [f"{len(run['dropped'])} n/a"])
+    ran = ", ".join(f"{n} {status}" for status, n in counts.most_common()) or "none"
+    valid = run["meta"].get("cells", len(run["cells"]))
+    return f"{len(run['cells'])} of {valid} valid cells run ({ran}); {len(run['dropped'])} combinations n/a"
 
 
 def render_text(doc):

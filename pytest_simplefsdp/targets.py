@@ -69,7 +69,8 @@ class Titan03:
         "backend": ("aot_eager", "inductor"),
         "memory_policy": ("none", "default", "full", "eager", "sac_and_offload"),
     }
-    MODEL_KEYS = ("module", "config")
+    MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config
+    MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config")
     DEGREE_FLAGS = {
         "dp_replicate": "data_parallel_replicate_degree",
         "dp_shard": "data_parallel_shard_degree",
@@ -86,6 +87,11 @@ class Titan03:
 
     def check(self):
         _check_values(self.matrix, self.AXES)
+        for model, facts in self.matrix.models.items():
+            unknown = set(facts or {}) - set(self.MODEL_KEYS) - set(self.MODEL_OPTIONAL)
+            if unknown:
+                raise MatrixError(f"{self.matrix.where('models')}: models.{model}: unknown keys {sorted(unknown)}; "
+                                  f"allowed: {', '.join(self.MODEL_KEYS + self.MODEL_OPTIONAL)}")
         for model in self.matrix.axes.get("model", []):
             facts = self.matrix.models.get(model)
             missing = [k for k in self.MODEL_KEYS if not (facts or {}).get(k)]
@@ -125,6 +131,8 @@ class Titan03:
         config = facts["config"]
         if a.get("pp", 1) > 1 and compile_mode != "aot_fx_trace" and facts.get("eager_pp_config"):
             config = facts["eager_pp_config"]  # GraphPP needs aot_fx_trace; otherwise the eager splitter
+        elif a.get("cp", 1) > 1 and facts.get("cp_config"):
+            config = facts["cp_config"]
         args = ["--module", facts["module"], "--config", config]
         for axis, flag in self.DEGREE_FLAGS.items():
             if axis in a:

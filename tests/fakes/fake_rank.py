@@ -1,0 +1,79 @@
+"""A fake rank for the plugin's own tests: behaves like a training rank, fails on demand.
+
+Ranks meet at a file barrier in --dump after every step (the stand-in for a collective), so a
+rank that stops makes its peers wait, as a missed all-reduce would. Modes:
+  pass       every rank logs `step: N  loss: X` for --steps steps and exits 0
+  fail       --rank raises --error (default RuntimeError) at step 2
+  hang       --rank stops before the step-2 barrier; its peers wait forever
+  segv       --rank dies of SIGSEGV at step 2          kill      --rank SIGKILLs itself
+  exit3      --rank calls os._exit(3) at step 2         noresult  every rank exits 0, no steps
+  flood      --rank writes --flood-mb MB of log lines    orphan    rank 0 leaves a detached child
+  nan        losses become NaN at step 2                 perturb   loss of step >= 2 off by --delta
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def barrier(folder, step, rank, world):
+    open(os.path.join(folder, f"step{step}.rank{rank}"), "w").close()
+    while not all(os.path.exists(os.path.join(folder, f"step{step}.rank{r}")) for r in range(world)):
+        time.sleep(0.02)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", default="pass")
+    p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--dump", required=True)
+    p.add_argument("--error", default="RuntimeError: fake failure on purpose")
+    p.add_argument("--flood-mb", type=int, default=64)
+    p.add_argument("--delta", type=float, default=1e-3)
+    p.add_argument("--startup", type=float, default=0.0, help="seconds to sleep before step 1")
+    a = p.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    folder = os.path.join(a.dump, "barrier")
+    os.makedirs(folder, exist_ok=True)
+    time.sleep(a.startup)
+    print(f"fake rank {rank}/{world} pid {os.getpid()} mode {a.mode}", flush=True)
+    if a.mode == "noresult":
+        return 0
+    if a.mode == "orphan" and rank == 0:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    for step in range(1, a.steps + 1):
+        me = rank == a.rank and step == 2
+        if me and a.mode == "fail":
+            kind, _, msg = a.error.partition(": ")
+            exc = {"RuntimeError": RuntimeError, "ValueError": ValueError, "AssertionError": AssertionError}
+            raise exc.get(kind, RuntimeError)(msg)
+        if me and a.mode == "hang":
+            time.sleep(3600)
+        if me and a.mode == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if me and a.mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if me and a.mode == "exit3":
+            os._exit(3)
+        if me and a.mode == "flood":
+            line = "x" * 1023 + "\n"
+            for _ in range(a.flood_mb * 1024):
+                sys.stdout.write(line)
+            sys.stdout.flush()
+        loss = 10.0 / step
+        if a.mode == "nan" and step >= 2:
+            loss = float("nan")
+        if a.mode == "perturb" and step >= 2:
+            loss += a.delta
+        barrier(folder, step, rank, world)
+        print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  grad_norm: 1.0",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Matrix files -> cells: expansion, exclude/include, rules, ids, and errors that name file:line."""
+
+import textwrap
+
+import pytest
+
+from pytest_simplefsdp.cells import expand
+from pytest_simplefsdp.matrix import MatrixError, load_matrix
+from pytest_simplefsdp.plugin import MATRIX_DIR
+from pytest_simplefsdp.targets import make_target
+
+BASE = """\
+profile: t
+target: titan03
+device: cpu
+world_sizes: [2, 4]
+degrees: [dp_shard, tp]
+models:
+  llama3: {moe: false, module: m, config: c}
+  deepseek_v3: {moe: true, module: m, config: c}
+axes:
+  model: [llama3, deepseek_v3]
+  dp_shard: [1, 2, 4]
+  tp: [1, 2]
+  ep: [1, 2]
+  compile: [eager, aot_fx_trace]
+rules:
+  - name: world-size
+    drop_if: world not in world_sizes
+    reason: "{world} ranks is not one of {world_sizes}"
+  - name: ep-needs-moe
+    drop_if: ep > 1 and not moe
+    reason: "{model} is dense"
+ids:
+  dp_shard: {prefix: dp, omit: 1}
+  tp: {prefix: tp, omit: 1}
+  ep: {prefix: ep, omit: 1}
+"""
+
+
+def load(tmp_path, text, name="m.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    matrix = load_matrix(path)
+    make_target(matrix, tmp_path)
+    return matrix, *expand(matrix)
+
+
+def test_cross_product_minus_rules(tmp_path):
+    matrix, cells, dropped = load(tmp_path, BASE)
+    assert len(cells) + len(dropped) == 2 * 3 * 2 * 2 * 2
+    assert all(c.world in (2, 4) for c in cells)
+    assert not any(c.axes["model"] == "llama3" and c.axes["ep"] > 1 for c in cells)
+    reasons = {d.rule for d in dropped}
+    assert reasons == {"world-size", "ep-needs-moe"}
+    one = next(d for d in dropped if d.axes == dict(model="llama3", dp_shard=4, tp=2, ep=1, compile="eager"))
+    assert one.rule == "world-size" and one.reason == "8 ranks is not one of [2, 4]"
+
+
+def test_ids_are_readable_stable_and_unique(tmp_path):
+    _, cells, _ = load(tmp_path, BASE)
+    ids = [c.id for c in cells]
+    assert len(set(ids)) == len(ids)
+    assert "deepseek_v3-dp2-ep2-aot_fx_trace" in ids
+    assert "llama3-dp2-tp2-eager" in ids
+    _, again, _ = load(tmp_path, BASE, name="again.yaml")
+    assert [c.id for c in again] == ids
+
+
+def test_exclude_and_include(tmp_path):
+    text = BASE + """\
+exclude:
+  - {compile: aot_fx_trace, tp: 2}
+include:
+  - {model: llama3, dp_shard: 4, compile: aot_fx_trace}
+"""
+    _, cells, _ = load(tmp_path, text)
+    assert not any(c.axes["compile"] == "aot_fx_trace" and c.axes["tp"] == 2 for c in cells)
+    assert "llama3-dp4-aot_fx_trace" in [c.id for c in cells]
+
+
+def test_include_that_a_rule_drops_is_an_error(tmp_path):
+    text = BASE + "include:\n  - {model: llama3, dp_shard: 4, tp: 2}\n"
+    with pytest.raises(MatrixError, match=r"m\.yaml:\d+: include entry llama3-dp4-tp2-eager cannot run: "
+                                          r"rule 'world-size': 8 ranks"):
+        load(tmp_path, text)
+
+
+def test_smoke_marks_cells(tmp_path):
+    _, cells, _ = load(tmp_path, BASE + "smoke:\n  - {model: llama3, dp_shard: 2, tp: 1, compile: eager}\n")
+    assert [c.id for c in cells if c.smoke] == ["llama3-dp2-eager"]
+
+
+@pytest.mark.parametrize("patch, message", [
+    (("axes:\n", "axes:\n  bogus: [1]\n"), r"m\.yaml:\d+: target 'titan03' has no axis 'bogus'"),
+    (("compile: [eager, aot_fx_trace]", "compile: [eager, turbo]"), r"axis 'compile': unknown value 'turbo'"),
+    (("dp_shard: [1, 2, 4]", "dp_shard: [1, 0]"), r"m\.yaml:11: degree axis 'dp_shard' has non-positive"),
+    (("drop_if: ep > 1 and not moe", "drop_if: ep > 1 and not mystery"), r"m\.yaml:20: rule 'ep-needs-moe' uses an unknown name"),
+    (("drop_if: ep > 1 and not moe", "drop_if: ep >"), r"m\.yaml:20: rule 'ep-needs-moe': drop_if is not a valid expression"),
+    (("profile: t\n", "profile: t\nprofiel: x\n"), r"m\.yaml:2: unknown top-level key 'profiel'"),
+    (("target: titan03", "target: titan99"), r"unknown target 'titan99'"),
+    (("world_sizes: [2, 4]", "world_sizes: [two]"), r"world_sizes` must be a list of positive integers"),
+    (("  ep: {prefix: ep, omit: 1}\n", "  ep: {prefx: ep}\n"), r"m\.yaml:\d+: unknown ids.ep key 'prefx'"),
+    (("deepseek_v3: {moe: true, module: m, config: c}", "deepseek_v3: {moe: true, module: m}"),
+     r"models.deepseek_v3 needs config"),
+])
+def test_bad_input_names_file_line_and_value(tmp_path, patch, message):
+    old, new = patch
+    assert old in BASE
+    with pytest.raises(MatrixError, match=message):
+        load(tmp_path, BASE.replace(old, new, 1))
+
+
+def test_exclude_with_unknown_axis(tmp_path):
+    with pytest.raises(MatrixError, match=r"m\.yaml:27: `exclude` names unknown axis 'compiler'"):
+        load(tmp_path, BASE + "exclude:\n  - {compiler: jit}\n")
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    with pytest.raises(MatrixError, match=r"m\.yaml:4: not valid YAML"):
+        load(tmp_path, "profile: t\naxes:\n  model: [a, b\n  x: 1\n: :\n")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(MatrixError, match="cannot read"):
+        load_matrix(tmp_path / "nope.yaml")
+
+
+def test_shipped_profiles():
+    """Both profiles load; the cpu profile has at least 30 cells and a smoke tier."""
+    counts = {}
+    for path in sorted(MATRIX_DIR.glob("*.yaml")):
+        matrix = load_matrix(path)
+        make_target(matrix, MATRIX_DIR)
+        cells, dropped = expand(matrix)
+        counts[matrix.profile] = (len(cells), sum(c.smoke for c in cells), matrix)
+        assert all(c.world in matrix.world_sizes for c in cells)
+    assert counts["cpu"][0] >= 30 and 1 <= counts["cpu"][1] <= 4
+    assert counts["h100x8"][0] >= 30
+    assert counts["cpu"][2].device == "cpu" and counts["h100x8"][2].device == "cuda"

@@ -1,0 +1,175 @@
+"""The plugin end to end on fake targets: outcomes, ids, selection, dry run, stored results."""
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import fake_matrix
+from pytest_simplefsdp.launch import MARKER
+
+
+def leftover(prefix=""):
+    """Processes still carrying a cell marker (any cell of these tests)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get(MARKER, "").startswith(prefix) and MARKER in p.environ():
+                found.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def test_without_the_flag_nothing_changes(pytester):
+    pytester.makepyfile("def test_one(): pass")
+    result = pytester.runpytest_subprocess("-v")
+    result.assert_outcomes(passed=1)
+    assert "simplefsdp" not in result.stdout.str().replace("plugins:", "").split("simplefsdp-")[0]
+    result.stdout.no_fnmatch_line("*composability*")
+
+
+def test_help_lists_options_in_one_group(pytester):
+    result = pytester.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines(["*SimpleFSDP composability matrix*", "*--simplefsdp-matrix*",
+                                 "*--simplefsdp-profile*", "*--simplefsdp-dry-run*", "*--simplefsdp-json*",
+                                 "*simplefsdp_timeout*"])
+
+
+def test_pass_and_fail(run_matrix, tmp_path):
+    out = tmp_path / "run.json"
+    result = run_matrix(fake_matrix(modes=["pass", "fail"]), "-v", f"--simplefsdp-json={out}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*fake.yaml::pass-r2 PASSED*",
+        "*fake.yaml::fail-r2 FAILED*",
+        "*fail-r2: [[]runtime[]] RuntimeError: fake failure on purpose",
+        "*first failing rank: 1*",
+        "*rerun: *fake_rank.py --mode fail*",
+        "*simplefsdp composability*",
+    ])
+    doc = json.loads(out.read_text())
+    cells = {c["id"]: c for c in doc["runs"][0]["cells"]}
+    assert cells["pass-r2"]["status"] == "passed"
+    assert cells["pass-r2"]["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
+    bad = cells["fail-r2"]
+    assert (bad["status"], bad["failure_class"], bad["failing_rank"]) == ("failed", "runtime", 1)
+    assert bad["error_line"] == "RuntimeError: fake failure on purpose"
+    assert bad["axes"] == {"mode": "fail", "ranks": 2} and bad["wall"] > 0
+    assert Path(bad["log_dir"], "rank1.log").is_file()
+    assert not leftover("fail-r2")
+
+
+def test_table_is_rendered_again_from_stored_results(run_matrix, pytester):
+    result = run_matrix(fake_matrix(modes=["pass", "fail"]))
+    jsonl = pytester.path / "runs" / "results.jsonl"
+    assert jsonl.exists()
+    again = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(jsonl)],
+                           capture_output=True, text=True, check=True).stdout
+    table = result.stdout.str().split("simplefsdp composability")[1]
+    for line in again.splitlines()[1:4]:
+        assert line in table
+
+
+@pytest.mark.parametrize("mode, cls, line", [
+    ("segv", "crash", "rank 1 killed by SIGSEGV"),
+    ("kill", "crash", "rank 1 killed by SIGKILL"),
+    ("exit3", "runtime", "exit code 3: *"),
+    ("noresult", "no_result", "every rank exited 0 but 0 of 3 steps logged a loss"),
+    ("nan", "numerics", "loss is nan at step 2"),
+])
+def test_faults_are_classified(run_matrix, mode, cls, line):
+    result = run_matrix(fake_matrix(modes=[mode], timeout=60))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{mode}-r2: [[]{cls}[]] {line}"])
+    assert not leftover(f"{mode}-r2")
+
+
+def test_hang_is_killed_with_stacks_and_stuck_rank(run_matrix, pytester):
+    result = run_matrix(fake_matrix(modes=["hang"], ranks=[3], timeout=4))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*hang-r3: [[]hang[]] timed out after * s; ranks still running: 0, 1, 2*"])
+    log = (pytester.path / "runs" / "fake" / "hang-r3" / "rank1.log").read_text()
+    assert "Current thread" in log or "Thread 0x" in log  # faulthandler's dump
+    assert "time.sleep(3600)" in log or "in main" in log
+    assert not leftover("hang-r3")
+
+
+def test_leftover_process_fails_the_cell(run_matrix):
+    result = run_matrix(fake_matrix(modes=["orphan"]))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*orphan-r2: [[]infra[]] 1 process(es) outlived the cell and were killed*"])
+    assert not leftover("orphan-r2")
+
+
+def test_dry_run_prints_commands_and_launches_nothing(run_matrix, pytester):
+    result = run_matrix(fake_matrix(modes=["pass", "hang"], ranks=[2, 4]), "--simplefsdp-dry-run")
+    result.assert_outcomes(skipped=4)
+    result.stdout.fnmatch_lines(["*fake.yaml::pass-r4  [[]4 ranks, timeout 30 s[]]*",
+                                 "*RANK=3 LOCAL_RANK=3 WORLD_SIZE=4*fake_rank.py --mode pass*"])
+    assert not (pytester.path / "runs").exists()
+
+
+def test_k_and_m_select_by_id_and_tier(run_matrix):
+    text = fake_matrix(modes=["pass", "fail"], ranks=[2, 3], extra="smoke:\n  - {mode: pass, ranks: 2}\n")
+    result = run_matrix(text, "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["fake.yaml::pass-r2", "fake.yaml::pass-r3", "fake.yaml::fail-r2",
+                                 "fake.yaml::fail-r3"])
+    run_matrix(text, "-k", "pass-r3").assert_outcomes(passed=1)
+    run_matrix(text, "-m", "smoke").assert_outcomes(passed=1)
+
+
+def test_last_failed_reruns_only_the_failed_cell(run_matrix):
+    text = fake_matrix(modes=["pass", "fail"])
+    run_matrix(text).assert_outcomes(passed=1, failed=1)
+    result = run_matrix(text, "--lf", "-v")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*fake.yaml::fail-r2 FAILED*"])
+
+
+def test_junitxml_carries_axes_and_class(run_matrix, pytester):
+    xml = pytester.path / "junit.xml"
+    run_matrix(fake_matrix(modes=["pass", "fail"]), f"--junitxml={xml}")
+    cases = {c.get("name"): c for c in ET.parse(xml).getroot().iter("testcase")}
+    assert set(cases) == {"pass-r2", "fail-r2"}
+    props = {p.get("name"): p.get("value") for p in cases["fail-r2"].iter("property")}
+    assert json.loads(props["axes"]) == {"mode": "fail", "ranks": 2}
+    assert props["failure_class"] == "runtime"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--simplefsdp-profile=nope"], "*unknown profile 'nope'; known: auto, all, *cpu*h100x8*"),
+    (["--simplefsdp-timeout=soon"], "*--simplefsdp-timeout: not a number of seconds: 'soon'*"),
+    (["--simplefsdp-launcher=mpirun"], "*unknown launcher 'mpirun'; known: torchrun, local*"),
+])
+def test_bad_options_are_usage_errors(pytester, args, message):
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_bad_matrix_file_is_a_usage_error_naming_the_line(run_matrix):
+    text = fake_matrix().replace("  mode: ['pass']", "  mode: ['pass'\n")
+    result = run_matrix(text)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*fake.yaml:1[0-9]: not valid YAML*"])
+
+
+def test_unknown_placeholder_in_command(run_matrix):
+    result = run_matrix(fake_matrix().replace("{steps}", "{stpes}"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*fake.yaml:2: target.command uses unknown placeholder {stpes}*"])
+
+
+def test_torchrun_launcher_names_the_first_failing_rank(run_matrix):
+    result = run_matrix(fake_matrix(modes=["pass", "fail", "segv"], timeout=120), launcher="torchrun")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["*fail-r2: [[]runtime[]] RuntimeError: fake failure on purpose*",
+                                 "*first failing rank: 1*",
+                                 "*segv-r2: [[]crash[]] rank 1 killed by SIGSEGV*",
+                                 "*rerun: *torchrun --nproc-per-node=2*--no-python*"])
+    assert not leftover()
