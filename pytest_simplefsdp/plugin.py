@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -73,6 +74,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "smoke: the small tier of matrix cells that CI runs (pytest -m smoke)")
     if option(config, "matrix"):
         config.pluginmanager.register(MatrixSession(config), "simplefsdp-session")
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum, frame):
+    """SIGTERM acts like Ctrl-C: the running cell's ranks are killed, finished results are kept."""
+    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
 
 
 def _cuda_devices():

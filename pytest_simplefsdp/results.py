@@ -12,13 +12,14 @@ import signal
 from dataclasses import asdict, dataclass, field
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+RANK_PREFIX = re.compile(r"(?m)^\[(?:rank|default)\d*\]: ?")  # torchrun's per-line prefix
 LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 TRACEBACK = "Traceback (most recent call last):"
 CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
 ERRORISH = re.compile(r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed)")
 
 COMPILE_FRAMES = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "torch/_higher_order_ops/",
-                  "torch/fx/experimental/", "torch/_export/", "graph_trainer/make_fx_tracer",
+                  "torch/fx/experimental/", "torch/_export/", "graph_pp/partition",
                   "graph_trainer/compile", "graph_trainer/passes", "graph_trainer/jit_backend")
 COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "InductorError", "BackendCompilerFailed",
                  "torch.fx.experimental.symbolic_shapes")
@@ -65,7 +66,7 @@ def read_text(paths):
                 parts.append(f.read().decode(errors="replace"))
         except OSError:
             pass
-    return ANSI.sub("", "\n".join(parts))
+    return RANK_PREFIX.sub("", ANSI.sub("", "\n".join(parts)))
 
 
 def parse_losses(text):

@@ -1,0 +1,204 @@
+"""Step 5: judge a cell's result against ``known_failures.yaml``.
+
+An entry says *when* (conditions on cell axes and on the environment) a cell is known to fail,
+with which *error* (a regex searched in the cell's normalised error signature), how to treat it
+(*kind*: xfail, flaky, skip), why (*reason*) and where it is tracked (*link*, required).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .matrix import MatrixError, _line, _plain, load_yaml
+
+ENTRY_KEYS = {
+    "id": "stable name of the entry (letters, digits, - _ .)",
+    "when": "conditions: axis: value | [values] | '>1' (also profile, target, device, tier, torch, torchtitan)",
+    "error": "regex searched in the normalised error signature (and the raw error text)",
+    "kind": "xfail (run, expect this failure) | flaky (pass or this failure) | skip (do not run)",
+    "link": "upstream issue, PR or review comment (required)",
+    "reason": "one line: what fails and why (required for skip)",
+    "classes": "optional list of failure classes the entry accepts (compile, runtime, ...)",
+}
+KINDS = ("xfail", "flaky", "skip")
+ENV_KEYS = {"profile", "target", "device", "tier"}
+VERSION_KEYS = {"torch", "torchtitan"}
+COMPARISON = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+)\s*$")
+_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+
+
+def signature(error_text: str | None) -> str:
+    """The parts of an error that identify it, with run- and layout-specific parts replaced.
+
+    Symbol numbers (u0, s27), addresses, object ids, numbers that follow the batch shape
+    (Eq(u0 + u1, 6144) == Eq(u0 + u1, 3072)), temp paths and rank prefixes become placeholders.
+    """
+    if not error_text:
+        return ""
+    text = re.sub(r"\[rank\d+\]:?", "", error_text)
+    text = re.sub(r"\b0x[0-9a-fA-F]+\b", "0xADDR", text)
+    text = re.sub(r"(?<![\w.])(/[\w.\-+]+)+/?", "<path>", text)
+    text = re.sub(r"\d+", "N", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return text[:600]
+
+
+@dataclass
+class Entry:
+    id: str
+    when: dict
+    error: str
+    kind: str
+    link: str
+    reason: str
+    classes: list = field(default_factory=list)
+    where: str = ""
+    pattern: object = None
+
+    def label(self):
+        return f"{self.id} ({self.link})"
+
+
+def _condition_holds(value, cond):
+    if isinstance(cond, list):
+        return any(_condition_holds(value, c) for c in cond)
+    if isinstance(cond, str) and isinstance(value, int) and not isinstance(value, bool):
+        m = COMPARISON.match(cond)
+        if m:
+            return _OPS[m.group(1)](value, int(m.group(2)))
+    return value == cond
+
+
+def _version_holds(version, spec):
+    if version is None:
+        return False
+    try:
+        return Version(version.split("+")[0]) in SpecifierSet(spec)
+    except (InvalidVersion, InvalidSpecifier):
+        return False
+
+
+def applies(entry: Entry, axes: dict, env: dict) -> bool:
+    for key, cond in entry.when.items():
+        if key in VERSION_KEYS:
+            if not _version_holds(env.get(key), str(cond)):
+                return False
+        elif key in ENV_KEYS:
+            if not _condition_holds(env.get(key), cond):
+                return False
+        elif key not in axes or not _condition_holds(axes[key], cond):
+            return False
+    return True
+
+
+class KnownFailures:
+    def __init__(self, path, entries):
+        self.path = Path(path)
+        self.entries = entries
+
+    def for_cell(self, axes, env):
+        return [e for e in self.entries if applies(e, axes, env)]
+
+
+def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownFailures:
+    """Load and validate; every problem is a MatrixError naming file, line and entry id."""
+    path = Path(path)
+    doc = load_yaml(path)
+    if doc is None:
+        return KnownFailures(path, [])
+    if not isinstance(doc, list):
+        raise MatrixError(f"{path}:1: known failures must be a YAML list of entries")
+    entries, ids = [], {}
+    for i, node in enumerate(doc):
+        where = _line(path, doc, index=i)
+        if not isinstance(node, dict):
+            raise MatrixError(f"{where}: an entry must be a mapping with keys {', '.join(ENTRY_KEYS)}")
+        eid = str(node.get("id", "?"))
+        for key in node:
+            if key not in ENTRY_KEYS:
+                raise MatrixError(f"{_line(path, node, key=key)}: entry {eid!r}: unknown key {key!r}; "
+                                  f"allowed: {', '.join(ENTRY_KEYS)}")
+        for key in ("id", "when", "error", "kind", "link", "reason"):
+            if key == "error" and node.get("kind") == "skip":
+                continue
+            if not node.get(key):
+                raise MatrixError(f"{where}: entry {eid!r}: missing `{key}`" +
+                                  (" (the upstream issue, PR or review comment)" if key == "link" else ""))
+        if not re.fullmatch(r"[\w.\-]+", eid):
+            raise MatrixError(f"{_line(path, node, key='id')}: entry id {eid!r}: use letters, digits, - _ .")
+        if eid in ids:
+            raise MatrixError(f"{_line(path, node, key='id')}: duplicate entry id {eid!r} (first at {ids[eid]})")
+        ids[eid] = where
+        link = str(node["link"]).strip()
+        if not allow_todo_links and (link.upper().startswith("TODO") or not re.match(r"https?://", link)):
+            raise MatrixError(f"{_line(path, node, key='link')}: entry {eid!r}: link {link!r} is not a URL; "
+                              f"name the upstream issue, PR or review comment")
+        if node["kind"] not in KINDS:
+            raise MatrixError(f"{_line(path, node, key='kind')}: entry {eid!r}: kind {node['kind']!r} is not one "
+                              f"of {', '.join(KINDS)}")
+        when = node["when"]
+        if not isinstance(when, dict):
+            raise MatrixError(f"{_line(path, node, key='when')}: entry {eid!r}: `when` must map axes to values")
+        for key, cond in when.items():
+            kwhere = _line(path, when, key=key)
+            if key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
+                raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
+                                  f"{', '.join(sorted(axis_names))}; environment: "
+                                  f"{', '.join(sorted(ENV_KEYS | VERSION_KEYS))}")
+            if key in VERSION_KEYS:
+                try:
+                    SpecifierSet(str(cond))
+                except InvalidSpecifier:
+                    raise MatrixError(f"{kwhere}: entry {eid!r}: {key}: {cond!r} is not a version range "
+                                      f"(e.g. '>=2.13,<2.15')") from None
+        pattern = None
+        if node.get("error"):
+            try:
+                pattern = re.compile(str(node["error"]))
+            except re.error as e:
+                raise MatrixError(f"{_line(path, node, key='error')}: entry {eid!r}: error is not a valid regex: "
+                                  f"{e}") from None
+        classes = _plain(node.get("classes") or [])
+        entries.append(Entry(eid, _plain(when), str(node.get("error") or ""), node["kind"], link,
+                             str(node["reason"]), classes, where, pattern))
+    return KnownFailures(path, entries)
+
+
+@dataclass
+class Verdict:
+    outcome: str  # passed, failed, xfailed, xpassed, skipped
+    entry: Entry | None = None
+    message: str = ""
+    flaky: bool = False
+
+
+def judge(result, entries: list, gate: bool) -> Verdict:
+    """The pytest outcome of a finished cell, given the known-failure entries that apply to it."""
+    expected = [e for e in entries if e.kind in ("xfail", "flaky")]
+    if result.status == "passed":
+        flaky = next((e for e in expected if e.kind == "flaky"), None)
+        if flaky:
+            return Verdict("passed", flaky, f"known flaky {flaky.label()} passed this time", flaky=True)
+        xfail = next((e for e in expected if e.kind == "xfail"), None)
+        if xfail:
+            msg = (f"known failure {xfail.id} no longer fails: delete it from {xfail.where} "
+                   f"(or run --simplefsdp-update-known-failures); {xfail.link}")
+            return Verdict("failed" if gate else "xpassed", xfail, msg)
+        return Verdict("passed")
+    sig = signature(result.error_text or result.error_line)
+    raw = result.error_text or result.error_line or ""
+    for e in expected:
+        if e.classes and result.failure_class not in e.classes:
+            continue
+        if e.pattern.search(sig) or e.pattern.search(raw):
+            return Verdict("xfailed", e, f"known failure {e.label()}: {e.reason}", flaky=e.kind == "flaky")
+    if expected:
+        wanted = "; ".join(f"{e.id}: /{e.error}/" for e in expected)
+        return Verdict("failed", None, f"failed with a different error than known: expected {wanted}; got: {sig}")
+    return Verdict("failed")
