@@ -21,7 +21,8 @@ from . import report
 from .cells import Cell, expand, value_id
 from .launch import LAUNCHERS, LaunchSpec, free_port
 from .matrix import MatrixError, load_matrix
-from .results import build_result
+from .results import CellResult, build_result
+from .verdict import could_apply, judge, load_known_failures, signature, update_file
 from .targets import ROOT, make_target
 
 MATRIX_DIR = ROOT / "matrix"
@@ -46,6 +47,13 @@ OPTIONS = [
                                        "(the runner starts each rank with torchrun's environment)"),
     ("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
                                   "under the rootdir)"),
+    ("known-failures", "string", None, "known-failures YAML (default: known_failures.yaml in the rootdir, "
+                                       "else the one shipped with the plugin)"),
+    ("gate", "bool", False, "merge-gate mode: a known failure that passes (XPASS) fails the run and names "
+                            "the entry to delete"),
+    ("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
+                                             "for new failures (link: TODO), remove entries whose cells all "
+                                             "passed; other entries, their order and comments are kept"),
 ]
 
 
@@ -148,6 +156,12 @@ class MatrixRun:
     def labels(self, axes):
         return _labels(self.matrix, axes)
 
+    def env(self):
+        """What known-failure conditions can name besides axes."""
+        v = versions(self.target)
+        return {"profile": self.matrix.profile, "target": self.target.name, "device": self.matrix.device,
+                "tier": "real", "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
+
 
 def versions(target):
     from importlib import metadata
@@ -196,11 +210,47 @@ class MatrixSession:
                         raise pytest.UsageError(
                             f"{run.matrix.path}: profile {run.matrix.profile} needs {need} CUDA devices, "
                             f"{have} visible; use --simplefsdp-dry-run to list its cells")
+        self.gate = bool(option(config, "gate"))
+        self.update_known = bool(option(config, "update-known-failures"))
+        self.known = self._load_known_failures(config)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         art = option(config, "artifacts")
         self.run_dir = Path(art) if art else config.rootpath / ".simplefsdp" / "runs" / stamp
         self.results = {}  # (run name, cell id) -> CellResult
+        self.entry_outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
         self.jsonl = None
+
+    def _load_known_failures(self, config):
+        path = option(config, "known-failures")
+        if not path:
+            candidates = [config.rootpath / "known_failures.yaml", ROOT / "known_failures.yaml"]
+            path = next((p for p in candidates if p.exists()), None)
+            if path is None:
+                return None
+        elif not Path(path).exists():
+            raise pytest.UsageError(f"--simplefsdp-known-failures: {path}: no such file")
+        # every profile shipped or run counts: an entry must be able to match one of their cells
+        shipped = []
+        for p in sorted(MATRIX_DIR.glob("*.yaml")):
+            if all(p.resolve() != r.matrix.path.resolve() for r in self.runs):
+                try:
+                    shipped.append(MatrixRun(p, config, self.cache_dir))
+                except MatrixError:
+                    continue
+        profiles = self.runs + shipped
+        axis_names = {a for r in profiles for a in r.matrix.axes}
+        try:
+            known = load_known_failures(path, axis_names, allow_todo_links=self.update_known)
+            for entry in known.entries:
+                if not any(could_apply(entry, c.axes, r.env()) for r in profiles for c in r.cells):
+                    raise MatrixError(f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
+                                      f"({', '.join(r.matrix.profile for r in profiles)})")
+        except MatrixError as e:
+            raise pytest.UsageError(str(e)) from None
+        return known
+
+    def entries_for(self, run, cell):
+        return self.known.for_cell(cell.axes, run.env()) if self.known else []
 
     # --- collection ---------------------------------------------------------------------
 
@@ -306,6 +356,8 @@ class MatrixSession:
             return
         doc = self.document()
         tr.section("simplefsdp composability")
+        for line in getattr(self, "update_lines", []):
+            tr.write_line(f"{self.update_path}: {line}")
         tr.write_line(report.render_text(doc))
         if self.jsonl is not None:
             tr.write_line(f"results: {self.run_dir / 'results.jsonl'}")
@@ -315,12 +367,35 @@ class MatrixSession:
             Path(path).write_text(json.dumps(doc, indent=1) + "\n")
             tr.write_line(f"json report: {path}")
 
+    def pytest_sessionfinish(self, session):
+        if not self.update_known or self.dry_run:
+            return
+        path = self.known.path if self.known else (option(self.config, "known-failures")
+                                                   or self.config.rootpath / "known_failures.yaml")
+        new = [(run.matrix.profile, r) for run in self.runs for cell in run.cells
+               if (r := self.results.get((run.name, cell.id))) and r.status == "failed" and not r.known_failure
+               and r.failure_class]
+        passing = {eid for eid, passed in self.entry_outcomes.items() if passed and all(passed)
+                   and any(e.id == eid and e.kind == "xfail" for e in (self.known.entries if self.known else []))}
+        self.update_lines = update_file(path, new, passing, datetime.date.today().isoformat())
+        self.update_path = path
+
     def pytest_collection_finish(self, session):
         self.selected = {(item.run.name, item.cell.id) for item in session.items if isinstance(item, CellItem)}
 
     def pytest_unconfigure(self, config):
         if self.jsonl is not None:
             self.jsonl.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A known failure that passed, outside gate mode: the standard XPASS outcome."""
+    rep = yield
+    reason = getattr(item, "xpass_reason", None)
+    if reason and call.when == "call" and rep.passed:
+        rep.wasxfail = reason
+    return rep
 
 
 class MatrixCollector(pytest.Collector):
@@ -357,18 +432,43 @@ class CellItem(pytest.Item):
         state = self.session_state
         if state.dry_run:
             pytest.skip("dry run: not launched")
+        entries = state.entries_for(self.run, self.cell)
+        skip = next((e for e in entries if e.kind == "skip"), None)
+        if skip:
+            result = CellResult(self.cell.id, dict(self.cell.axes), status="skipped", world=self.cell.world,
+                                known_failure=skip.id, known_failure_link=skip.link, verdict=skip.reason)
+            state.record(self.run, result)
+            self.user_properties.append(("known_failure", skip.id))
+            pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
         start = time.monotonic()
         result = state.run_cell(self.run, self.cell)
+        verdict = judge(result, entries, state.gate)
+        result.signature = signature(result.error_text or result.error_line)
+        result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
+        if verdict.entry:
+            result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
+            self.user_properties.append(("known_failure", verdict.entry.id))
+        for e in entries:
+            state.entry_outcomes.setdefault(e.id, []).append(result.failure_class is None)
         state.record(self.run, result)
         self.user_properties.append(("wall_s", round(time.monotonic() - start, 2)))
-        if result.status == "failed":
+        if result.failure_class:
             self.user_properties.append(("failure_class", result.failure_class))
+        if verdict.outcome == "xfailed":
+            pytest.xfail(verdict.message)
+        if verdict.outcome == "xpassed":
+            self.xpass_reason = verdict.message
+        if verdict.outcome == "failed":
             raise CellFailed(result)
 
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, CellFailed):
             r = excinfo.value.result
+            if not r.failure_class:  # a pass that a gate turns into a failure
+                return f"{r.id}: [XPASS(strict)] {r.verdict}"
             lines = [f"{r.id}: [{r.failure_class}] {r.error_line}"]
+            if r.verdict:
+                lines.append(f"  {r.verdict}")
             if r.failing_rank is not None:
                 lines.append(f"  first failing rank: {r.failing_rank} (exit codes {r.exit_codes})")
             if r.error_text and r.error_text != r.error_line:

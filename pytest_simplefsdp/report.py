@@ -55,6 +55,8 @@ def load_run(path):
 def cell_text(rec, markdown=False):
     status = rec.get("status", "dropped")
     text = SYMBOLS.get(status, status)
+    if rec.get("flaky"):
+        text = "flaky " + ("pass" if status == "passed" else "fail")
     if status == "failed" and rec.get("failure_class"):
         text += f" {rec['failure_class']}"
     if rec.get("wall") and status not in ("dropped", "skipped"):
@@ -86,8 +88,13 @@ def footnotes(run):
     for rec in run["cells"]:
         if rec.get("status") in ("failed", "xfailed", "xpassed"):
             rank = f", rank {rec['failing_rank']}" if rec.get("failing_rank") is not None else ""
-            cls = rec.get("failure_class") or rec.get("status")
-            lines.append(f"{rec['id']}: [{cls}{rank}] {rec.get('error_line') or ''}")
+            cls = f" {rec['failure_class']}" if rec.get("failure_class") else ""
+            if rec["status"] == "xpassed" or not rec.get("failure_class"):
+                lines.append(f"{rec['id']}: [{rec['status']}] {rec.get('verdict', '')}")
+            else:
+                known = f" known failure {rec['known_failure']} {rec.get('known_failure_link')}" \
+                    if rec.get("known_failure") else ""
+                lines.append(f"{rec['id']}: [{rec['status']}{cls}{rank}]{known} {rec.get('error_line') or ''}")
             lines.append(f"    logs: {rec.get('log_dir', '')}")
     by_rule = Counter(rec["rule"] for rec in run["dropped"])
     if by_rule:

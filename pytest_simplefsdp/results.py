@@ -48,6 +48,11 @@ class CellResult:
     reproducer: str = ""
     world: int = 0
     details: list = field(default_factory=list)  # extra lines for the failure report
+    signature: str = ""  # normalised error signature (see verdict.signature)
+    known_failure: str | None = None  # id of the known-failures entry that judged the cell
+    known_failure_link: str | None = None
+    verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
+    flaky: bool = False
 
     def record(self):
         d = asdict(self)

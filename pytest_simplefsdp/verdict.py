@@ -202,3 +202,50 @@ def judge(result, entries: list, gate: bool) -> Verdict:
         wanted = "; ".join(f"{e.id}: /{e.error}/" for e in expected)
         return Verdict("failed", None, f"failed with a different error than known: expected {wanted}; got: {sig}")
     return Verdict("failed")
+
+
+def could_apply(entry: Entry, axes: dict, env: dict) -> bool:
+    """Whether an entry matches a cell in some environment (versions and tier are not checked)."""
+    fixed = {k: v for k, v in entry.when.items() if k not in VERSION_KEYS and k != "tier"}
+    return applies(Entry(entry.id, fixed, entry.error, entry.kind, entry.link, entry.reason), axes, env)
+
+
+def update_file(path, new_failures, passing_entries, date):
+    """Rewrite a known-failures file in place (comments and order of untouched entries kept).
+
+    ``new_failures``: (profile, CellResult) of failures no entry explained -> entries with
+    ``link: TODO``. ``passing_entries``: ids of xfail entries all of whose cells passed -> removed.
+    Returns the lines to report.
+    """
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    path = Path(path)
+    yaml = YAML(typ="rt")
+    yaml.indent(mapping=2, sequence=2, offset=0)
+    yaml.width = 4096
+    doc = yaml.load(path.read_text()) if path.exists() else None
+    doc = doc if doc is not None else CommentedSeq()
+    changes = []
+    for i in reversed(range(len(doc))):
+        if doc[i].get("id") in passing_entries:
+            changes.append(f"removed {doc[i]['id']}: every cell it covers passed")
+            del doc[i]
+    ids = {e.get("id") for e in doc}
+    for profile, result in new_failures:
+        eid = f"{profile}-{result.id}"
+        if eid in ids:
+            continue
+        ids.add(eid)
+        when = CommentedMap([("profile", profile), *result.axes.items()])
+        when.fa.set_flow_style()
+        first = (result.signature or "").split(" ")
+        pattern = re.escape(" ".join(first[:12]))
+        entry = CommentedMap([("id", eid), ("when", when), ("error", pattern), ("kind", "xfail"),
+                              ("link", "TODO"), ("reason", f"{result.failure_class}: "
+                                                           f"{(result.error_line or '')[:160]} (first seen {date})")])
+        doc.append(entry)
+        changes.append(f"added {eid} (link: TODO; fill it in before the file loads again)")
+    with open(path, "w") as f:
+        yaml.dump(doc, f)
+    return changes

@@ -1,0 +1,181 @@
+"""Known failures: signatures, validation, verdicts as pytest outcomes, gate mode, file updates."""
+
+import textwrap
+
+import pytest
+
+from conftest import fake_matrix
+from pytest_simplefsdp.matrix import MatrixError
+from pytest_simplefsdp.verdict import load_known_failures, signature
+
+# error texts as torchtitan / PyTorch print them (see ../shared/notes and the upstream issues)
+HOP_NEW = ("torch._dynamo.exc.Unsupported: HOP: Unsafe side effect\n  Higher Order Operator: "
+           "torch.utils.checkpoint.checkpoint\n  Explanation: Mutating a variable from outside the scope of this "
+           "HOP is not supported.\n  Developer debug context: Attempted to mutate UserDefinedObjectVariable("
+           "ExpertParallel)")
+HOP_SEED = ("torch._dynamo.exc.Unsupported: HigherOrderOperator: Mutating a variable not in the current scope "
+            "(SideEffects)")
+
+
+@pytest.mark.parametrize("a, b", [
+    ("RuntimeError: Eq(u0 + u1, 6144)", "RuntimeError: Eq(u12 + u13, 3072)"),
+    ("AssertionError: should have been constant, but got u4 + u5 + u6 + u7",
+     "AssertionError: should have been constant, but got u0 + u1 + u2 + u3"),
+    ("torch._inductor.exc.InductorError: AssertionError: For u6 + u7, expected [u6, u7] to have been codegen-ed.",
+     "torch._inductor.exc.InductorError: AssertionError: For u2 + u3, expected [u2, u3] to have been codegen-ed."),
+    ("AssertionError: Node tangents_2 was invalid, but is output", "AssertionError: Node tangents_5 was invalid, but is output"),
+    ("ValueError: Forward graph outputs require backward-only inputs: ['arg36_1']",
+     "ValueError: Forward graph outputs require backward-only inputs: ['arg7_1']"),
+    ("RuntimeError: bad graph <torch.fx.graph_module.GraphModule object at 0x7f3a2c1d5e10>",
+     "RuntimeError: bad graph <torch.fx.graph_module.GraphModule object at 0x55d0aa0b1c20>"),
+    ("[rank3]: FileNotFoundError: /tmp/torchinductor_root/ab/cabc12.py", "FileNotFoundError: /tmp/tmpx81/q/z.py"),
+    ("RuntimeError: shape s27 vs s3", "RuntimeError: shape s0 vs s1"),
+])
+def test_signature_normalises_what_changes_between_runs(a, b):
+    assert signature(a) == signature(b)
+
+
+def test_signature_keeps_what_identifies_the_error():
+    assert signature(HOP_NEW) != signature(HOP_SEED)
+    assert signature("RuntimeError: Eq(u0 + u1, 6144)") == "RuntimeError: Eq(uN + uN, N)"
+    assert "Mutating a variable from outside the scope of this HOP" in signature(HOP_NEW)
+
+
+KF = """\
+# a comment that survives updates
+- id: fake-eq
+  when: {mode: fail, ranks: ">1"}
+  error: 'Eq\\(uN \\+ uN, N\\)'
+  kind: xfail
+  link: https://github.com/pytorch/torchtitan/pull/1529
+  reason: unbacked symbol equality in EP token dispatch
+"""
+
+
+def kf_file(pytester, text=KF):
+    path = pytester.path / "known_failures.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def with_error(error):
+    return fake_matrix(modes=["pass", "fail"], args=', "--error", "{error}"').replace("settings:\n  steps: 3", f"settings:\n  steps: 3\n  error: '{error}'")
+
+
+def test_xfailed_when_signature_matches(run_matrix, pytester):
+    path = kf_file(pytester)
+    result = run_matrix(with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}",
+                        "-rxX", "-v")
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*fail-r2 XFAIL*", "fail * xfail *",
+                                 "*XFAIL fake.yaml::fail-r2 - known failure fake-eq "
+                                 "(https://github.com/pytorch/torchtitan/pull/1529): unbacked symbol*"])
+
+
+def test_different_signature_fails_naming_expected_and_got(run_matrix, pytester):
+    path = kf_file(pytester)
+    result = run_matrix(with_error("RuntimeError: something new"), f"--simplefsdp-known-failures={path}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*failed with a different error than known: expected fake-eq: /Eq*/; got: "
+                                 "RuntimeError: something new*"])
+
+
+def test_failure_outside_the_entry_conditions_fails(run_matrix, pytester):
+    path = kf_file(pytester, KF.replace('ranks: ">1"', 'ranks: ">2"'))
+    text = with_error("RuntimeError: Eq(u0 + u1, 3072)").replace("ranks: [2]", "ranks: [2, 3]").replace(
+        "world_sizes: [2]", "world_sizes: [2, 3]")
+    result = run_matrix(text, f"--simplefsdp-known-failures={path}", "-v")
+    result.assert_outcomes(passed=2, failed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*fail-r2 FAILED*", "*fail-r3 XFAIL*"])
+
+
+def test_xpass_is_reported_and_fails_in_gate_mode(run_matrix, pytester):
+    path = kf_file(pytester, KF.replace("mode: fail", "mode: pass"))
+    text = fake_matrix(modes=["pass"])
+    result = run_matrix(text, f"--simplefsdp-known-failures={path}", "-rX")
+    result.assert_outcomes(xpassed=1)
+    assert result.ret == 0
+    result = run_matrix(text, f"--simplefsdp-known-failures={path}", "--simplefsdp-gate")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*pass-r2: [[]XPASS(strict)[]] known failure fake-eq no longer fails: delete it "
+                                 "from *known_failures.yaml:2*"])
+
+
+def test_gate_from_ini(run_matrix, pytester):
+    path = kf_file(pytester, KF.replace("mode: fail", "mode: pass"))
+    pytester.makeini("[pytest]\nsimplefsdp_gate = true\n")
+    result = run_matrix(fake_matrix(modes=["pass"]), f"--simplefsdp-known-failures={path}")
+    result.assert_outcomes(failed=1)
+
+
+def test_skip_entry_does_not_launch(run_matrix, pytester):
+    path = kf_file(pytester, KF.replace("kind: xfail", "kind: skip").replace("mode: fail", "mode: hang"))
+    result = run_matrix(fake_matrix(modes=["pass", "hang"], timeout=600), f"--simplefsdp-known-failures={path}", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*known failure fake-eq: unbacked symbol equality*"])
+    assert not (pytester.path / "runs" / "fake" / "hang-r2").exists()
+
+
+def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):
+    path = kf_file(pytester, KF.replace("kind: xfail", "kind: flaky").replace("mode: fail", "mode: [pass, fail]"))
+    result = run_matrix(with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}")
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["pass * flaky pass *", "fail * flaky fail *"])
+
+
+@pytest.mark.parametrize("change, message", [
+    (("link: https://github.com/pytorch/torchtitan/pull/1529", "link: TODO"),
+     "known_failures.yaml:6: entry 'fake-eq': link 'TODO' is not a URL"),
+    (("  link: https://github.com/pytorch/torchtitan/pull/1529\n", ""), "known_failures.yaml:2: entry 'fake-eq': missing `link`"),
+    (("error: 'Eq", "error: '(Eq"), "known_failures.yaml:4: entry 'fake-eq': error is not a valid regex"),
+    (("mode: fail", "mood: fail"), "known_failures.yaml:3: entry 'fake-eq': condition on unknown axis 'mood'"),
+    (("kind: xfail", "kind: maybe"), "known_failures.yaml:5: entry 'fake-eq': kind 'maybe' is not one of"),
+    (("reason:", "why:"), "known_failures.yaml:7: entry 'fake-eq': unknown key 'why'"),
+    (("mode: fail", "mode: explode"), "entry 'fake-eq' matches no valid cell of any profile"),
+    (("# a comment that survives updates\n", KF.replace("# a comment that survives updates\n", "")),
+     "known_failures.yaml:7: duplicate entry id 'fake-eq' (first at *known_failures.yaml:1)"),
+])
+def test_bad_known_failures_are_usage_errors(run_matrix, pytester, change, message):
+    path = kf_file(pytester, KF.replace(*change, 1))
+    result = run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-known-failures={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_version_conditions(tmp_path):
+    path = tmp_path / "kf.yaml"
+    path.write_text(KF.replace("ranks: \">1\"", "ranks: \">1\", torch: \">=2.13,<2.14\""))
+    kf = load_known_failures(path, {"mode", "ranks"})
+    axes = {"mode": "fail", "ranks": 2}
+    assert kf.for_cell(axes, {"torch": "2.13.0+cpu"})
+    assert not kf.for_cell(axes, {"torch": "2.14.1"})
+    assert not kf.for_cell({"mode": "fail", "ranks": 1}, {"torch": "2.13.0"})
+    path.write_text(KF.replace("ranks: \">1\"", "torch: \"newest\""))
+    with pytest.raises(MatrixError, match="kf.yaml:3: entry 'fake-eq': torch: 'newest' is not a version range"):
+        load_known_failures(path, {"mode", "ranks"})
+
+
+def test_update_known_failures_adds_and_removes_keeping_comments(run_matrix, pytester):
+    text = KF + textwrap.dedent("""\
+        - id: now-passes
+          when: {mode: pass}
+          error: 'anything'
+          kind: xfail
+          link: https://github.com/pytorch/torchtitan/issues/3013
+          reason: used to fail
+        """)
+    path = kf_file(pytester, text)
+    result = run_matrix(with_error("RuntimeError: brand new failure 42"), f"--simplefsdp-known-failures={path}",
+                        "--simplefsdp-update-known-failures")
+    result.stdout.fnmatch_lines(["*removed now-passes: every cell it covers passed*", "*added fake-fail-r2 (link: TODO*"])
+    new = path.read_text()
+    assert new.startswith("# a comment that survives updates\n- id: fake-eq\n")
+    assert "now-passes" not in new and "id: fake-fail-r2" in new and "link: TODO" in new
+    assert "error: RuntimeError:\\ brand\\ new\\ failure\\ N" in new or "brand\\ new\\ failure" in new
+    # the new entry is rejected until a person fills in its link
+    result = run_matrix(with_error("RuntimeError: brand new failure 42"), f"--simplefsdp-known-failures={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*entry 'fake-fail-r2': link 'TODO' is not a URL*"])
+    path.write_text(new.replace("link: TODO", "link: https://github.com/pytorch/torchtitan/issues/1"))
+    result = run_matrix(with_error("RuntimeError: brand new failure 42"), f"--simplefsdp-known-failures={path}")
+    result.assert_outcomes(passed=1, xfailed=1)
