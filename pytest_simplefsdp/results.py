@@ -27,6 +27,8 @@ CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", "configs.py\
                  "validate_config")
 CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is not a valid")
 
+# what a native crash prints before the signal (the first one names the cause)
+CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$")
 FAILURE_CLASSES = ("invalid_config", "compile", "runtime", "crash", "hang", "no_result", "numerics", "infra")
 
 
@@ -169,7 +171,8 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
             code = outcome.exit_codes.get(failed)
             exc = last_exception(texts[failed])
             if code is not None and code < 0 and code != -signal.SIGTERM:
-                line = f"rank {failed} killed by {signal_name(code)}"
+                hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(texts[failed])), None)
+                line = f"rank {failed} killed by {signal_name(code)}" + (f": {hint}" if hint else "")
                 fail("crash", line, failed, line)
             elif exc:
                 fail(classify(exc[0], exc[2], code), exc[0], failed, exc[1])

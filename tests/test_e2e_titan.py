@@ -1,0 +1,84 @@
+"""End to end on the real system under test: torchtitan 0.3 graph_trainer cells on CPU ranks.
+
+These start real `torchrun -m torchtitan.train` jobs (20-60 s each on 2 cores).
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pytest_simplefsdp.launch import MARKER
+from pytest_simplefsdp.plugin import MATRIX_DIR
+
+pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
+
+
+def cell_procs(prefix):
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get(MARKER, "").startswith(prefix):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def test_smoke_tier_runs_real_cells(pytester):
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-m", "smoke", "-v",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=1500)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*cpu.yaml::llama3-dp2-eager PASSED*", "*simplefsdp composability*",
+                                 "llama3 dp2 * pass *s * pass *s*"])
+    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    assert set(cells) == {"llama3-dp2-eager", "llama3-dp2-aot_fx_trace-mp_default", "deepseek_v3-dp2-ep2-eager"}
+    for cell in cells.values():
+        assert sorted(cell["losses"]) == ["1", "2", "3"]
+        assert all(math.isfinite(v) and 4 < v < 12 for v in cell["losses"].values())
+        assert cell["losses"]["3"] < cell["losses"]["1"]  # it trains
+        log = Path(cell["log_dir"]) / "command.txt"
+        assert "torchrun --nproc-per-node=2" in log.read_text() and "-m torchtitan.train" in log.read_text()
+        assert "[simplefsdp-shim] applied: device_type_cpu" in "".join(
+            Path(p).read_text() for p in cell["rank_logs"]["1"])
+    # measured: with --debug.deterministic SimpleFSDP eager and aot_fx_trace give identical losses
+    assert cells["llama3-dp2-eager"]["losses"] == cells["llama3-dp2-aot_fx_trace-mp_default"]["losses"]
+    assert not cell_procs("llama3-dp2")
+
+
+def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
+    """kill -9 one rank of a real cell mid-training: reported as its crash within seconds."""
+    matrix = pytester.path / "long.yaml"
+    matrix.write_text((MATRIX_DIR / "cpu.yaml").read_text().replace("steps: 3", "steps: 2000"))
+    runs = pytester.path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
+                             "-k", "llama3-dp2-eager", f"--simplefsdp-artifacts={runs}", "-p", "no:cacheprovider"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim, deadline = None, time.monotonic() + 300
+        while victim is None and time.monotonic() < deadline:
+            logs = list(runs.glob("cpu/llama3-dp2-eager/torchrun/*/attempt_0/1/std*.log"))
+            if any("step:  5" in p.read_text(errors="replace") for p in logs):
+                victim = next((p for p in cell_procs("llama3-dp2-eager") if p.environ().get("RANK") == "1"
+                               and p.ppid() != os.getpid() and "torchtitan.train" in " ".join(p.cmdline())), None)
+            time.sleep(0.2)
+        assert victim is not None, "rank 1 never reached step 5"
+        killed_at = time.monotonic()
+        victim.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        ended_at = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "llama3-dp2-eager: [crash] rank 1 killed by SIGKILL" in out, out[-3000:]
+    assert ended_at - killed_at < 60  # peers are torn down, not left to a collective timeout
+    assert not cell_procs("llama3-dp2-eager")
