@@ -53,13 +53,33 @@ class LaunchOutcome:
     first_failed_rank: int | None = None
     timed_out: bool = False
     stuck_ranks: list = field(default_factory=list)
-    log_flood: bool = False
+    log_flood: int = 0  # the log limit in bytes that the cell's output passed
     wall: float = 0.0
     rank_logs: dict = field(default_factory=dict)  # rank -> [paths]
     launcher_log: Path | None = None
     survivors: list = field(default_factory=list)  # descriptions of processes killed after a clean end
     reproducer: str = ""
     launch_error: str | None = None
+    port: int | None = None
+
+
+SESSION = uuid.uuid4().hex[:8]  # in every token: the end-of-session sweep finds this run's processes
+
+
+def cell_token(spec):
+    return f"{spec.cell_id}:{SESSION}:{uuid.uuid4().hex[:8]}"
+
+
+def session_leftovers():
+    """Processes of any cell of this pytest session that are still alive."""
+    return [p for p in psutil.process_iter(["pid"]) if _token_of(p).count(f":{SESSION}:")]
+
+
+def _token_of(p):
+    try:
+        return p.environ().get(MARKER, "")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
 
 
 def free_port() -> int:
@@ -79,19 +99,15 @@ def port_in_use(port: int) -> bool:
 
 def cell_processes(token: str):
     """Every live process whose environment carries this cell's token."""
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and p.environ().get(MARKER) == token:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+    return [p for p in psutil.process_iter(["pid"]) if p.pid != os.getpid() and _token_of(p) == token]
 
 
 def kill_cell(token: str, grace: float = TERM_GRACE_S):
     """SIGTERM, then SIGKILL, everything carrying the token; returns what was found alive."""
-    procs = cell_processes(token)
+    return kill_procs(cell_processes(token), grace)
+
+
+def kill_procs(procs, grace: float = TERM_GRACE_S):
     alive = []
     for p in procs:
         try:
@@ -107,6 +123,18 @@ def kill_cell(token: str, grace: float = TERM_GRACE_S):
             pass
     psutil.wait_procs(rest, timeout=5)
     return alive
+
+
+def _die_with_parent(sig=signal.SIGTERM):
+    """preexec_fn: the child gets ``sig`` when the runner dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        return lambda: libc.prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the end-of-session sweep still applies
+        return None
 
 
 def _rank_env(spec: LaunchSpec, token: str):
@@ -136,14 +164,24 @@ class _Supervisor:
     def __init__(self, spec, token, outcome):
         self.spec, self.token, self.outcome = spec, token, outcome
 
-    def logs_size(self):
+    def logs_size(self, now):
+        if now - self._listed > 1.0:  # the file list is cheap to keep, the sizes are read every poll
+            self._listed, self._logs = now, list(self.spec.log_dir.rglob("*.log"))
         total = 0
-        for path in self.spec.log_dir.rglob("*.log"):
+        for path in self._logs:
             try:
                 total += path.stat().st_size
             except OSError:
                 pass
         return total
+
+    def cap_logs(self):
+        """After a flood: cut every log to the limit and say so at its end."""
+        for path in self.spec.log_dir.rglob("*.log"):
+            if path.stat().st_size > self.spec.log_limit_bytes // 2:
+                os.truncate(path, self.spec.log_limit_bytes // 2)
+                with open(path, "ab") as f:
+                    f.write(b"\n[simplefsdp] log cut here: the cell's output passed the log limit\n")
 
     def dump_stacks(self):
         for p in cell_processes(self.token):
@@ -167,7 +205,7 @@ class _Supervisor:
         self.outcome.survivors = kill_cell(self.token)
 
     def _watch(self, procs, on_first_failure, alive_ranks, deadline):
-        last_size_check = 0.0
+        self._listed, self._logs = -1e9, []
         while True:
             for key, p in procs.items():
                 code = p.poll()
@@ -187,14 +225,13 @@ class _Supervisor:
                 for key, p in procs.items():
                     self.outcome.exit_codes.setdefault(key, p.wait())
                 break
-            if now - last_size_check > 1.0:
-                last_size_check = now
-                if self.logs_size() > self.spec.log_limit_bytes:
-                    self.outcome.log_flood = True
-                    kill_cell(self.token)
-                    for key, p in procs.items():
-                        self.outcome.exit_codes.setdefault(key, p.wait())
-                    break
+            if self.logs_size(now) > self.spec.log_limit_bytes:
+                self.outcome.log_flood = self.spec.log_limit_bytes
+                kill_cell(self.token, grace=0.5)
+                for key, p in procs.items():
+                    self.outcome.exit_codes.setdefault(key, p.wait())
+                self.cap_logs()
+                break
             time.sleep(POLL_S)
 
 
@@ -213,8 +250,8 @@ class LocalLauncher:
         return f"{cd}{ranks} & wait"
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
-        token = f"{spec.cell_id}:{uuid.uuid4().hex[:12]}"
-        out = LaunchOutcome(reproducer=self.reproducer(spec))
+        token = cell_token(spec)
+        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         base = _rank_env(spec, token)
         procs, files = {}, []
@@ -229,7 +266,7 @@ class LocalLauncher:
                 files.append(f)
                 procs[r] = subprocess.Popen(spec.command.argv, env=env, cwd=spec.command.cwd, stdout=f,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=_die_with_parent(signal.SIGKILL))
         except OSError as e:
             out.launch_error = f"cannot start {spec.command.argv[0]!r}: {e.strerror or e}"
             kill_cell(token)
@@ -276,15 +313,16 @@ class TorchrunLauncher:
         return f"{cd}{_quote_env(spec.command.env)} {head} {body}".strip()
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
-        token = f"{spec.cell_id}:{uuid.uuid4().hex[:12]}"
-        out = LaunchOutcome(reproducer=self.reproducer(spec))
+        token = cell_token(spec)
+        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         out.launcher_log = spec.log_dir / "torchrun.log"
         with open(out.launcher_log, "wb") as f:
             try:
                 proc = subprocess.Popen(self.torchrun_argv(spec), env=_rank_env(spec, token),
                                         cwd=spec.command.cwd, stdout=f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=_die_with_parent(signal.SIGTERM))  # torchrun stops its workers
             except OSError as e:
                 out.launch_error = f"cannot start torchrun: {e.strerror or e}"
                 return out

@@ -15,11 +15,12 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from . import report
 from .cells import Cell, expand, value_id
-from .launch import LAUNCHERS, LaunchSpec, free_port
+from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port, kill_procs, session_leftovers
 from .matrix import MatrixError, load_matrix
 from .results import CellResult, build_result
 from .verdict import could_apply, judge, load_known_failures, signature, update_file
@@ -47,6 +48,10 @@ OPTIONS = [
                                        "(the runner starts each rank with torchrun's environment)"),
     ("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
                                   "under the rootdir)"),
+    ("log-limit", "string", "512", "MB of logs a cell may write (all ranks together); past it the cell is "
+                                   "stopped and its logs cut"),
+    ("max-ranks", "string", None, "most ranks one CPU cell may start on this machine (default: one per GB of "
+                                  "available memory); a larger cell fails without launching"),
     ("known-failures", "string", None, "known-failures YAML (default: known_failures.yaml in the rootdir, "
                                        "else the one shipped with the plugin)"),
     ("gate", "bool", False, "merge-gate mode: a known failure that passes (XPASS) fails the run and names "
@@ -88,6 +93,20 @@ def pytest_configure(config):
 def _terminate(signum, frame):
     """SIGTERM acts like Ctrl-C: the running cell's ranks are killed, finished results are kept."""
     raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+
+def _number(config, name, default=0):
+    """A positive number option, or ``default`` when unset; anything else is a usage error."""
+    value = option(config, name)
+    if value in (None, ""):
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise pytest.UsageError(f"--simplefsdp-{name}: not a number: {value!r}") from None
+    if not number > 0:
+        raise pytest.UsageError(f"--simplefsdp-{name} must be positive, got {value}")
+    return number
 
 
 def _cuda_devices():
@@ -186,14 +205,11 @@ class MatrixSession:
             raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {launcher!r}; "
                                     f"known: {', '.join(LAUNCHERS)}")
         self.launcher = LAUNCHERS[launcher]()
-        timeout = option(config, "timeout")
-        try:
-            self.timeout = float(timeout) if timeout not in (None, "") else None
-        except ValueError:
-            raise pytest.UsageError(f"--simplefsdp-timeout: not a number of seconds: {timeout!r}") from None
-        if self.timeout is not None and self.timeout <= 0:
-            raise pytest.UsageError(f"--simplefsdp-timeout must be positive, got {timeout}")
+        self.timeout = _number(config, "timeout", None)
         self.cache_dir = config.rootpath / ".simplefsdp"
+        self.log_limit = int(_number(config, "log-limit") * 2**20)
+        max_ranks = _number(config, "max-ranks", None)
+        self.max_ranks = int(max_ranks) if max_ranks else max(1, int(psutil.virtual_memory().available / 1e9))
         try:
             self.runs = [MatrixRun(p, config, self.cache_dir) for p in matrix_files(config)]
         except MatrixError as e:
@@ -280,7 +296,7 @@ class MatrixSession:
         cell_dir = self.run_dir / value_id(run.matrix.profile) / cell.id
         port = port or free_port()
         command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port)
-        return LaunchSpec(cell.id, command, cell.world, cell_dir, self.cell_timeout(run), port)
+        return LaunchSpec(cell.id, command, cell.world, cell_dir, self.cell_timeout(run), port, self.log_limit)
 
     def _store(self, record):
         if self.jsonl is None:
@@ -306,8 +322,22 @@ class MatrixSession:
         spec = self.spec_for(run, cell)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         (spec.log_dir / "command.txt").write_text(self.launcher.reproducer(spec) + "\n")
-        outcome = self.launcher.launch(spec)
+        if run.matrix.device == "cpu" and cell.world > self.max_ranks:
+            outcome = LaunchOutcome(reproducer=self.launcher.reproducer(spec), launch_error=(
+                f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
+                f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
+        else:
+            outcome = self.launcher.launch(spec)
         result = build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
+        if result.failure_class == "infra" and "is already in use" in (result.error_line or ""):
+            # another process took the free port between our check and the bind: once more, elsewhere
+            taken = result.error_line
+            shutil.rmtree(spec.log_dir)
+            spec.port = free_port()
+            spec.log_dir.mkdir(parents=True)
+            (spec.log_dir / "command.txt").write_text(self.launcher.reproducer(spec) + "\n")
+            result = build_result(cell, self.launcher.launch(spec), spec.log_dir, run.matrix.settings.get("steps"))
+            result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
         return result
 
     def record(self, run, result):
@@ -355,6 +385,10 @@ class MatrixSession:
                 tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
             return
         doc = self.document()
+        if getattr(self, "leftover_lines", None):
+            tr.section("simplefsdp: processes outlived the run (killed now)", red=True)
+            for line in self.leftover_lines:
+                tr.write_line(line, red=True)
         tr.section("simplefsdp composability")
         for line in getattr(self, "update_lines", []):
             tr.write_line(f"{self.update_path}: {line}")
@@ -368,6 +402,12 @@ class MatrixSession:
             tr.write_line(f"json report: {path}")
 
     def pytest_sessionfinish(self, session):
+        leftovers = session_leftovers()  # the clean-up guarantee: nothing of this run may survive it
+        if leftovers:
+            self.leftover_lines = [f"pid {p.pid}: {' '.join(p.cmdline()[:6])}" for p in leftovers
+                                   if p.is_running()]
+            kill_procs(leftovers)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if not self.update_known or self.dry_run:
             return
         path = self.known.path if self.known else (option(self.config, "known-failures")

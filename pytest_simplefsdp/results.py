@@ -29,6 +29,7 @@ CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is no
 
 # what a native crash prints before the signal (the first one names the cause)
 CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$")
+PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 FAILURE_CLASSES = ("invalid_config", "compile", "runtime", "crash", "hang", "no_result", "numerics", "infra")
 
 
@@ -161,7 +162,8 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
              outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
         res.details.append("every rank's Python stack was dumped into its log (SIGUSR1/faulthandler)")
     elif outcome.log_flood:
-        fail("runtime", "log output over the limit; the cell was stopped", None)
+        fail("runtime", f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell was stopped "
+                        f"and its logs were cut", None)
     else:
         failed = outcome.first_failed_rank
         if failed is None:
@@ -186,6 +188,9 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
         elif expected_steps and len(res.losses) < expected_steps:
             fail("no_result", f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps "
                               f"logged a loss", None)
+    if res.status == "failed" and PORT_TAKEN.search(res.error_text or ""):
+        res.failure_class = "infra"
+        res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"
     if outcome.survivors and res.status == "passed":
         fail("infra", f"{len(outcome.survivors)} process(es) outlived the cell and were killed: "
                       f"{'; '.join(outcome.survivors[:3])}")

@@ -143,7 +143,7 @@ def test_junitxml_carries_axes_and_class(run_matrix, pytester):
 
 @pytest.mark.parametrize("args, message", [
     (["--simplefsdp-profile=nope"], "*unknown profile 'nope'; known: auto, all, *cpu*h100x8*"),
-    (["--simplefsdp-timeout=soon"], "*--simplefsdp-timeout: not a number of seconds: 'soon'*"),
+    (["--simplefsdp-timeout=soon"], "*--simplefsdp-timeout: not a number: 'soon'*"),
     (["--simplefsdp-launcher=mpirun"], "*unknown launcher 'mpirun'; known: torchrun, local*"),
 ])
 def test_bad_options_are_usage_errors(pytester, args, message):

@@ -1,0 +1,129 @@
+"""Fault injection on fake targets: every fault classified, no orphan process, no lost result."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import FAKE_RANK, fake_matrix
+from pytest_simplefsdp import launch
+from pytest_simplefsdp.launch import MARKER, LaunchSpec, TorchrunLauncher, kill_procs, session_leftovers
+from pytest_simplefsdp.results import build_result
+from pytest_simplefsdp.cells import Cell
+from pytest_simplefsdp.targets import RankCommand
+
+
+def marked(prefix):
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get(MARKER, "").startswith(prefix):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_output_flood_is_capped(run_matrix, pytester, launcher):
+    text = fake_matrix(modes=["flood"], args=', "--flood-mb", "200"', timeout=120)
+    result = run_matrix(text, "--simplefsdp-log-limit=8", launcher=launcher)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*flood-r2: [[]runtime[]] log output passed the limit of 8 MB; the cell was "
+                                 "stopped and its logs were cut*"])
+    logs = list((pytester.path / "runs" / "fake" / "flood-r2").rglob("*.log"))
+    assert sum(p.stat().st_size for p in logs) < 16 * 2**20
+    assert any(p.read_bytes().endswith(b"passed the log limit\n") for p in logs)
+    assert not marked("flood-r2")
+
+
+def test_target_that_is_not_executable(run_matrix, pytester):
+    script = pytester.path / "not_executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    text = fake_matrix().replace('["{python}", "' + str(FAKE_RANK) + '"', f'["{script}"')
+    result = run_matrix(text)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*pass-r2: [[]infra[]] cannot start '{script}': Permission denied*"])
+
+
+def test_world_size_larger_than_the_machine(run_matrix):
+    result = run_matrix(fake_matrix(ranks=[3]), "--simplefsdp-max-ranks=2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*pass-r3: [[]infra[]] 3 ranks do not fit this machine: at most 2*"])
+
+
+def test_port_already_in_use_is_named(tmp_path):
+    """torchrun's store cannot bind the rendezvous port: an infra failure that names the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        command = RankCommand([sys.executable, str(FAKE_RANK), "--dump", str(tmp_path / "d")])
+        spec = LaunchSpec("port-r2", command, 2, tmp_path / "logs", timeout=120, port=port)
+        outcome = TorchrunLauncher().launch(spec)
+    result = build_result(Cell("port-r2", {}, 2), outcome, spec.log_dir, 3)
+    assert result.status == "failed" and result.failure_class == "infra", result
+    assert result.error_line.startswith(f"rendezvous port {port} is already in use: ")
+    assert not marked("port-r2")
+
+
+def test_ctrl_c_stops_the_cell_and_keeps_finished_results(pytester):
+    path = pytester.path / "fake.yaml"
+    path.write_text(fake_matrix(modes=["pass", "hang"], timeout=600))
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
+                             "--simplefsdp-launcher=local", f"--simplefsdp-artifacts={pytester.path / 'runs'}"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not marked("hang-r2") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED
+    assert "pass      pass" in out and "KeyboardInterrupt" in out  # the partial table
+    records = [json.loads(line) for line in (pytester.path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records if r["type"] == "cell"] == ["pass-r2"]
+    assert not marked("hang-r2")
+
+
+def test_sigkill_of_pytest_keeps_finished_results_and_orphans_die(pytester):
+    path = pytester.path / "fake.yaml"
+    path.write_text(fake_matrix(modes=["pass", "hang"], timeout=600))
+    runs = pytester.path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
+                             "--simplefsdp-launcher=local", f"--simplefsdp-artifacts={runs}"],
+                            cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not marked("hang-r2") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while marked("hang-r2") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not marked("hang-r2")  # ranks die with their runner
+    rendered = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(runs / "results.jsonl")],
+                              capture_output=True, text=True, check=True).stdout
+    assert "1 of 2 valid cells run (1 passed)" in rendered and "pass      pass" in rendered
+
+
+def test_end_of_session_sweep_finds_and_kills_this_sessions_processes():
+    env = dict(os.environ, **{MARKER: f"stray:{launch.SESSION}:x"})
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not [p for p in session_leftovers() if p.pid == stray.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = session_leftovers()
+        assert [p.pid for p in found] == [stray.pid]
+        kill_procs(found, grace=1)
+        assert stray.wait(timeout=10) is not None and not session_leftovers()
+    finally:
+        stray.kill()
