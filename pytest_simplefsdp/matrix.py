@@ -7,6 +7,7 @@ cells with a reason. Every error names the file, the line and the offending valu
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,12 @@ TOP_KEYS = {
     "smoke": "partial cells that form the small `smoke` tier (pytest -m smoke)",
     "ids": "axis -> {prefix, omit}: how a value is written in a cell id",
     "timeout": "default per-cell timeout in seconds for this profile",
+    "groups": "name -> partial cells: a keyword every matching cell gets (pytest -k NAME)",
+    "numerics": "compare losses with a baseline: {global_batch_size, baseline, lanes: [{name, match, rtol, "
+                "atol, max_miss}]}",
 }
+NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes"}
+LANE_KEYS = {"name", "match", "rtol", "atol", "max_miss"}
 RULE_KEYS = {"name", "drop_if", "reason"}
 ID_KEYS = {"prefix", "omit"}
 DEVICES = ("cpu", "cuda")
@@ -57,6 +63,25 @@ class Entry:
 
 
 @dataclass
+class Lane:
+    """How closely a group of cells must follow its baseline's losses."""
+
+    name: str
+    match: list  # partial cells
+    rtol: float = 0.0
+    atol: float = 0.0
+    max_miss: float = 0.0  # share of steps allowed outside the tolerance
+    where: str = ""
+
+
+@dataclass
+class Numerics:
+    global_batch_size: int
+    baseline: dict  # axis values the baseline cell takes (its dp degree is the cell's)
+    lanes: list
+
+
+@dataclass
 class Matrix:
     path: Path
     profile: str
@@ -74,6 +99,8 @@ class Matrix:
     ids: dict = field(default_factory=dict)
     timeout: float | None = None
     description: str = ""
+    groups: dict = field(default_factory=dict)  # name -> [Entry]
+    numerics: Numerics | None = None
     lines: dict = field(default_factory=dict)  # top key -> "file:line"
 
     def where(self, key):
@@ -217,8 +244,16 @@ def load_matrix(path) -> Matrix:
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0 or math.isnan(timeout)):
         raise MatrixError(f"{lines['timeout']}: timeout must be a positive number of seconds, got {timeout!r}")
 
+    groups = {}
+    for name in doc.get("groups") or {}:
+        if not re.fullmatch(r"[A-Za-z_]\w*", str(name)):
+            raise MatrixError(f"{_line(path, doc['groups'], key=name)}: group name {name!r} must be a word (-k NAME)")
+        groups[str(name)] = _entries(path, doc["groups"], name, axes)
+
     return Matrix(
         path=path,
+        groups=groups,
+        numerics=_numerics(path, doc, axes),
         profile=str(doc["profile"]),
         target=_plain(doc["target"]),
         device=device,
@@ -236,3 +271,43 @@ def load_matrix(path) -> Matrix:
         description=str(doc.get("description", "")),
         lines=lines,
     )
+
+
+def _numerics(path, doc, axes):
+    node = doc.get("numerics")
+    if node is None:
+        return None
+    where = _line(path, doc, key="numerics")
+    if not isinstance(node, dict):
+        raise MatrixError(f"{where}: `numerics` must be a mapping with keys {sorted(NUMERICS_KEYS)}")
+    _check_keys(path, node, NUMERICS_KEYS, "numerics")
+    gbs = node.get("global_batch_size")
+    if not isinstance(gbs, int) or gbs < 1:
+        raise MatrixError(f"{_line(path, node, key='global_batch_size') if 'global_batch_size' in node else where}: "
+                          f"numerics.global_batch_size must be a positive integer, got {gbs!r}")
+    baseline = _plain(node.get("baseline") or {})
+    for axis in baseline:
+        if axis not in axes:
+            raise MatrixError(f"{_line(path, node['baseline'], key=axis)}: numerics.baseline names unknown axis {axis!r}")
+    lanes = []
+    for i, item in enumerate(node.get("lanes") or []):
+        lwhere = _line(path, node["lanes"], index=i)
+        if not isinstance(item, dict):
+            raise MatrixError(f"{lwhere}: a lane must be a mapping with keys {sorted(LANE_KEYS)}")
+        _check_keys(path, item, LANE_KEYS, "lane")
+        name = item.get("name")
+        if not name:
+            raise MatrixError(f"{lwhere}: a lane needs a `name`")
+        numbers = {}
+        for key in ("rtol", "atol", "max_miss"):
+            value = item.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
+                    (key == "max_miss" and value > 1):
+                raise MatrixError(f"{_line(path, item, key=key)}: lane {name!r}: {key} must be a number >= 0"
+                                  f"{' and <= 1' if key == 'max_miss' else ''}, got {value!r}")
+            numbers[key] = float(value)
+        match = _entries(path, item, "match", axes) if "match" in item else []  # no `match`: every cell
+        lanes.append(Lane(str(name), [e.values for e in match] or [{}], where=lwhere, **numbers))
+    if not lanes:
+        raise MatrixError(f"{where}: numerics needs at least one lane")
+    return Numerics(gbs, baseline, lanes)

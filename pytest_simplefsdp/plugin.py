@@ -6,8 +6,10 @@ Pipeline: matrix -> cells -> launch -> results -> (verdict) -> report.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -19,9 +21,10 @@ import psutil
 import pytest
 
 from . import report
-from .cells import Cell, expand, value_id
+from .cells import Cell, cell_id, expand, value_id, world_size
 from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port, kill_procs, session_leftovers
 from .matrix import MatrixError, load_matrix
+from .numerics import compare, lane_for, mismatch_line, plot
 from .results import CellResult, build_result
 from .verdict import could_apply, judge, load_known_failures, signature, update_file
 from .targets import ROOT, make_target
@@ -52,6 +55,8 @@ OPTIONS = [
                                    "stopped and its logs cut"),
     ("max-ranks", "string", None, "most ranks one CPU cell may start on this machine (default: one per GB of "
                                   "available memory); a larger cell fails without launching"),
+    ("baseline", "string", None, "take numerics baselines from this stored run (--simplefsdp-json output) "
+                                 "instead of running them"),
     ("known-failures", "string", None, "known-failures YAML (default: known_failures.yaml in the rootdir, "
                                        "else the one shipped with the plugin)"),
     ("gate", "bool", False, "merge-gate mode: a known failure that passes (XPASS) fails the run and names "
@@ -93,6 +98,10 @@ def pytest_configure(config):
 def _terminate(signum, frame):
     """SIGTERM acts like Ctrl-C: the running cell's ranks are killed, finished results are kept."""
     raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+
+def _key(axes):
+    return tuple(sorted(axes.items()))
 
 
 def _number(config, name, default=0):
@@ -233,6 +242,9 @@ class MatrixSession:
         art = option(config, "artifacts")
         self.run_dir = Path(art) if art else config.rootpath / ".simplefsdp" / "runs" / stamp
         self.results = {}  # (run name, cell id) -> CellResult
+        self.baselines = {}  # (run name, axes key) -> CellResult or an error line
+        self.seeds = {}  # (run name, model) -> seed checkpoint folder or an error line
+        self.stored_baselines = self._load_stored_baselines(option(config, "baseline"))
         self.entry_outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
         self.jsonl = None
 
@@ -292,10 +304,11 @@ class MatrixSession:
     def cell_timeout(self, run):
         return self.timeout or run.matrix.timeout or DEFAULT_TIMEOUT
 
-    def spec_for(self, run, cell, port=None):
+    def spec_for(self, run, cell, port=None, seed=None):
         cell_dir = self.run_dir / value_id(run.matrix.profile) / cell.id
         port = port or free_port()
-        command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port)
+        command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
+                                     seed_folder=seed)
         return LaunchSpec(cell.id, command, cell.world, cell_dir, self.cell_timeout(run), port, self.log_limit)
 
     def _store(self, record):
@@ -319,7 +332,14 @@ class MatrixSession:
         if not run.prepared:
             run.target.prepare()
             run.prepared = True
-        spec = self.spec_for(run, cell)
+        reused = self.baselines.get((run.name, _key(cell.axes)))
+        if reused is not None and not isinstance(reused, str):  # it already ran as a baseline
+            return dataclasses.replace(reused, id=cell.id, details=[f"same cell as baseline {reused.id}"])
+        seed = self.seed_for(run, cell)
+        if isinstance(seed, str):
+            return CellResult(cell.id, dict(cell.axes), status="failed", failure_class="infra", world=cell.world,
+                              error_line=seed, error_text=seed)
+        spec = self.spec_for(run, cell, seed=seed)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         (spec.log_dir / "command.txt").write_text(self.launcher.reproducer(spec) + "\n")
         if run.matrix.device == "cpu" and cell.world > self.max_ranks:
@@ -338,12 +358,93 @@ class MatrixSession:
             (spec.log_dir / "command.txt").write_text(self.launcher.reproducer(spec) + "\n")
             result = build_result(cell, self.launcher.launch(spec), spec.log_dir, run.matrix.settings.get("steps"))
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
+        if run.matrix.numerics and result.status == "passed":
+            result.losses = run.target.losses(spec.log_dir / "dump") or result.losses
         return result
 
-    def record(self, run, result):
-        self.results[(run.name, result.id)] = result
+    # --- numerics -----------------------------------------------------------------------
+
+    def seed_for(self, run, cell):
+        """The seed checkpoint of the cell's model (made once per run), None, or an error line."""
+        if not run.matrix.numerics or not run.target.seed_command or "model" not in cell.axes:
+            return None
+        key = (run.name, cell.axes["model"])
+        if key not in self.seeds:
+            folder = self.run_dir / value_id(run.matrix.profile) / f"seed-{cell.axes['model']}"
+            command = run.target.seed_command(cell.axes["model"], folder)
+            spec = LaunchSpec(f"seed-{cell.axes['model']}", command, 1, folder, self.cell_timeout(run), free_port(),
+                              self.log_limit)
+            outcome = self.launcher.launch(spec)
+            if (folder / "checkpoint" / "step-0").is_dir():
+                self.seeds[key] = folder
+            else:
+                res = build_result(Cell(spec.cell_id, {}, 1), outcome, folder)
+                self.seeds[key] = f"seed checkpoint for {cell.axes['model']} failed: {res.error_line} (logs: {folder})"
+        return self.seeds[key]
+
+    def _load_stored_baselines(self, path):
+        if not path:
+            return {}
+        try:
+            doc = report.load_run(path)
+        except (OSError, SystemExit) as e:
+            raise pytest.UsageError(f"--simplefsdp-baseline: {path}: {e}") from None
+        stored = {}
+        for run in doc.get("runs", []):
+            for rec in run.get("baselines", []) + run.get("cells", []):
+                if rec.get("status") in ("passed", "xpassed") or rec.get("failure_class") is None:
+                    stored[(run["meta"].get("profile"), _key(rec["axes"]))] = rec
+        return stored
+
+    def baseline_for(self, run, cell, result):
+        """The baseline CellResult of a cell, or an error line that says why there is none."""
+        base_axes = run.target.baseline_axes(cell.axes)
+        key = (run.name, _key(base_axes))
+        if base_axes == cell.axes:
+            self.baselines[key] = result
+            return result
+        stored = self.stored_baselines.get((run.matrix.profile, _key(base_axes)))
+        if stored is not None:
+            losses = {int(k): (math.nan if v is None else v) for k, v in stored["losses"].items()}
+            want = run.matrix.settings.get("steps")
+            if want and len(losses) != want:
+                return f"stored baseline {stored['id']} has {len(losses)} steps, this run trains {want}"
+            return CellResult(stored["id"], stored["axes"], losses=losses, log_dir=stored.get("log_dir", ""))
+        if key not in self.baselines:
+            done = next((r for (name, _), r in self.results.items() if name == run.name and r.axes == base_axes
+                         and r.failure_class is None), None)
+            if done is None:
+                bid = "baseline-" + cell_id(run.matrix, base_axes)
+                done = self.run_cell(run, Cell(bid, base_axes, world_size(run.matrix, base_axes)))
+                done.details.append("numerics baseline")
+                self.record(run, done, kind="baseline")
+            self.baselines[key] = done if done.failure_class is None else \
+                f"baseline {done.id} failed: [{done.failure_class}] {done.error_line} (logs: {done.log_dir})"
+        return self.baselines[key]
+
+    def check_numerics(self, run, cell, result):
+        lane = lane_for(run.matrix.numerics.lanes, cell.axes)
+        if lane is None or result.status != "passed":
+            return
+        base = self.baseline_for(run, cell, result)
+        if isinstance(base, str):
+            result.status, result.failure_class, result.error_line = "failed", "numerics", base
+            result.error_text = base
+            return
+        ok, rep = compare(result.losses, base.losses, lane)
+        rep["baseline"] = base.id
+        result.numerics = rep
+        if not ok:
+            line = mismatch_line(rep, base.id)
+            result.status, result.failure_class, result.error_line, result.error_text = "failed", "numerics", line, line
+            result.plot = plot(Path(result.log_dir) / "loss_vs_baseline.png", result.losses, base.losses,
+                               f"{cell.id} vs {base.id}")
+
+    def record(self, run, result, kind="cell"):
+        if kind == "cell":
+            self.results[(run.name, result.id)] = result
         rec = result.record()
-        rec.update(type="cell", matrix=run.name)
+        rec.update(type=kind, matrix=run.name)
         rec["row"], rec["column"] = run.labels(result.axes)
         Path(result.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
@@ -368,7 +469,9 @@ class MatrixSession:
                                 "row": row, "column": col})
             meta = run.meta(self.launcher.name)
             meta.pop("type")
-            runs.append({"meta": meta, "cells": cells, "dropped": dropped})
+            baselines = [r.record() for (name, _), r in self.baselines.items()
+                         if name == run.name and not isinstance(r, str)]
+            runs.append({"meta": meta, "cells": cells, "dropped": dropped, "baselines": baselines})
         return {"runs": runs}
 
     def pytest_terminal_summary(self, terminalreporter):
@@ -449,6 +552,9 @@ class MatrixCollector(pytest.Collector):
             item.add_marker(pytest.mark.simplefsdp)
             if cell.smoke:
                 item.add_marker(pytest.mark.smoke)
+            for group, entries in self.run.matrix.groups.items():
+                if any(all(cell.axes.get(k) == v for k, v in e.values.items()) for e in entries):
+                    item.extra_keyword_matches.add(group)
             yield item
 
 
@@ -482,6 +588,8 @@ class CellItem(pytest.Item):
             pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
         start = time.monotonic()
         result = state.run_cell(self.run, self.cell)
+        if self.run.matrix.numerics:
+            state.check_numerics(self.run, self.cell, result)
         verdict = judge(result, entries, state.gate)
         result.signature = signature(result.error_text or result.error_line)
         result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky

@@ -41,12 +41,12 @@ def load_run(path):
                 break  # a line cut short by a killed run: keep the rest
             raise SystemExit(f"{path}:{n}: not a JSON record: {e.msg}") from None
         key = rec.get("matrix")
-        run = runs.setdefault(key, {"meta": {}, "cells": [], "dropped": []})
+        run = runs.setdefault(key, {"meta": {}, "cells": [], "dropped": [], "baselines": []})
         kind = rec.pop("type", "cell")
         if kind == "meta":
             run["meta"] = rec
-        elif kind == "dropped":
-            run["dropped"].append(rec)
+        elif kind in ("dropped", "baseline"):
+            run[kind + "s" if kind == "baseline" else kind].append(rec)
         else:
             run["cells"].append(rec)
     return {"runs": list(runs.values())}
@@ -59,6 +59,8 @@ def cell_text(rec, markdown=False):
         text = "flaky " + ("pass" if status == "passed" else "fail")
     if status == "failed" and rec.get("failure_class"):
         text += f" {rec['failure_class']}"
+    if rec.get("numerics") and status == "passed":
+        text += " ≡" if rec["numerics"]["max_abs_diff"] == 0 else " ≈"
     if rec.get("wall") and status not in ("dropped", "skipped"):
         text += f" {rec['wall']:.0f}s"
     if markdown and status == "failed":
@@ -96,6 +98,15 @@ def footnotes(run):
                     if rec.get("known_failure") else ""
                 lines.append(f"{rec['id']}: [{rec['status']}{cls}{rank}]{known} {rec.get('error_line') or ''}")
             lines.append(f"    logs: {rec.get('log_dir', '')}")
+        if rec.get("plot"):
+            lines.append(f"    loss curve: {rec['plot']}")
+    compared = [rec for rec in run["cells"] if rec.get("numerics")]
+    if compared:
+        lines.append("numerics (≡ bitwise equal to the baseline, ≈ within the lane's tolerance):")
+        for rec in compared:
+            n = rec["numerics"]
+            lines.append(f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
+                         f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}")
     by_rule = Counter(rec["rule"] for rec in run["dropped"])
     if by_rule:
         lines.append(f"n/a: {sum(by_rule.values())} cells dropped by rule: "

@@ -56,6 +56,8 @@ class CellResult:
     known_failure_link: str | None = None
     verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
     flaky: bool = False
+    numerics: dict | None = None  # the comparison with the baseline (see numerics.compare)
+    plot: str | None = None  # loss-curve PNG of a numerics failure
 
     def record(self):
         d = asdict(self)

@@ -124,7 +124,34 @@ class Titan03:
             sys.path.remove(str(FIXTURES))
         assets.ensure_assets(self.assets)
 
-    def command(self, cell, dump_folder: Path, **_):
+    def baseline_axes(self, axes):
+        """A cell's numerics baseline: same model and data-parallel degree (so the same data
+        shards), SimpleFSDP alone (every other degree 1), plus the matrix's baseline values."""
+        base = {axis: (1 if axis in self.DEGREE_FLAGS else value) for axis, value in axes.items()}
+        base["dp_shard"] = axes.get("dp_replicate", 1) * axes.get("dp_shard", 1)
+        if "pp_schedule" in base:
+            base["pp_schedule"] = "none"
+        base.update(self.matrix.numerics.baseline)
+        return base
+
+    def seed_command(self, model, dump_folder: Path):
+        """One rank that writes the seed checkpoint every cell of ``model`` starts from."""
+        facts = self.matrix.models[model]
+        return RankCommand([sys.executable, "-m", "torchtitan.train", "--module", facts["module"],
+                            "--config", facts["config"], "--compile.mode", "None", "--training.disable_cuda_graphs",
+                            "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+                            "--debug.seed", str(self.matrix.settings.get("seed", 42)), "--debug.deterministic",
+                            "--parallelism.data_parallel_shard_degree", "1",
+                            "--hf_assets_path", self.tokenizer, "--dataloader.dataset_path", self.dataset,
+                            "--dump_folder", str(dump_folder)], _shim_env(self.matrix.device))
+
+    def losses(self, dump_folder: Path):
+        """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
+        from .numerics import tensorboard_losses
+
+        return tensorboard_losses(dump_folder)
+
+    def command(self, cell, dump_folder: Path, seed_folder: Path | None = None, **_):
         a, s = cell.axes, self.matrix.settings
         facts = self.matrix.models[a["model"]]
         compile_mode = a.get("compile", "aot_fx_trace")
@@ -148,10 +175,19 @@ class Titan03:
                 args += ["--compile.memory_policy", a["memory_policy"]]
         if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
             args += ["--training.disable_cuda_graphs"]
+        local_batch = s.get("local_batch_size", 2)
+        if self.matrix.numerics:  # comparable runs: one global batch, one seed checkpoint
+            gbs = self.matrix.numerics.global_batch_size
+            dp = a.get("dp_replicate", 1) * a.get("dp_shard", 1)
+            local_batch = max(1, gbs // dp)
+            args += ["--training.global_batch_size", str(gbs), "--metrics.enable_tensorboard"]
+            if seed_folder is not None:
+                args += ["--checkpoint.enable", "--checkpoint.initial_load_path",
+                         str(seed_folder / "checkpoint" / "step-0"), "--checkpoint.load_only"]
         args += [
             "--training.steps", str(s.get("steps", 3)),
             "--training.seq_len", str(s.get("seq_len", 256)),
-            "--training.local_batch_size", str(s.get("local_batch_size", 2)),
+            "--training.local_batch_size", str(local_batch),
             "--debug.seed", str(s.get("seed", 42)), "--debug.deterministic",
             "--metrics.log_freq", "1", "--metrics.disable_color_printing",
             "--hf_assets_path", self.tokenizer, "--dataloader.dataset_path", self.dataset,
@@ -193,7 +229,15 @@ class CommandTarget:
     def prepare(self):
         pass
 
-    def command(self, cell, dump_folder: Path, nproc: int, port: int):
+    def baseline_axes(self, axes):
+        return {**axes, **self.matrix.numerics.baseline}
+
+    seed_command = None  # fake targets need no seed checkpoint
+
+    def losses(self, dump_folder):
+        return {}
+
+    def command(self, cell, dump_folder: Path, nproc: int, port: int, **_):
         values = {**self.matrix.settings, **cell.axes, "python": sys.executable, "nproc": nproc,
                   "port": port, "dump_folder": dump_folder, "matrix_dir": self.matrix.path.parent.resolve()}
         argv = [str(p).format(**values) for p in self.argv]

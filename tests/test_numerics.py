@@ -1,0 +1,100 @@
+"""Numerics: every cell's losses against its baseline; the check can fail."""
+
+import json
+
+import pytest
+
+from conftest import fake_matrix
+from pytest_simplefsdp.matrix import Lane
+from pytest_simplefsdp.numerics import compare
+
+NUMERICS = """\
+numerics:
+  global_batch_size: 8
+  baseline: {mode: pass}
+  lanes:
+    - name: close
+      match: [{mode: perturb}, {mode: nan}]
+      rtol: 1.0e-5
+      atol: 1.0e-5
+    - name: exact
+"""
+
+
+def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, pytester):
+    out = pytester.path / "run.json"
+    text = fake_matrix(modes=["pass", "perturb"], args=', "--delta", "0.002"', extra=NUMERICS)
+    result = run_matrix(text, f"--simplefsdp-json={out}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2: cell 5.002 vs baseline 5.0 "
+        "(|diff| 0.002; lane close: rtol 1e-05, atol 1e-05, 2 step(s) off)*",
+        "*pass-r2 vs pass-r2: lane exact, max |diff| 0,*",
+    ])
+    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    bad = cells["perturb-r2"]["numerics"]
+    assert bad["first_differing_step"] == 2 and bad["baseline"] == "pass-r2"
+    assert [s["abs_diff"] for s in bad["steps"]] == [0.0, pytest.approx(0.002), pytest.approx(0.002)]
+    plot = cells["perturb-r2"]["plot"]
+    if pytest.importorskip("matplotlib"):
+        assert plot and open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_within_tolerance_passes_and_the_table_says_so(run_matrix):
+    text = fake_matrix(modes=["pass", "perturb"], args=', "--delta", "0.000001"', extra=NUMERICS)
+    result = run_matrix(text)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["pass * pass ≡ *", "perturb * pass ≡ *"])  # 5 decimals in the log: equal
+
+
+def test_nan_is_a_numerics_failure_never_a_pass(run_matrix):
+    result = run_matrix(fake_matrix(modes=["pass", "nan"], extra=NUMERICS))
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*nan-r2: [[]numerics[]] loss is nan at step 2*"])
+
+
+def test_baseline_that_fails_is_a_clear_verdict(run_matrix):
+    text = fake_matrix(modes=["fail", "perturb"], extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: fail}"))
+    result = run_matrix(text, "-k", "perturb")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*perturb-r2: [[]numerics[]] baseline baseline-fail-r2 failed: [[]runtime[]] RuntimeError: fake "
+                                 "failure on purpose*"])
+
+
+def test_stored_baseline_is_used_and_checked(run_matrix, pytester):
+    first = pytester.path / "first.json"
+    text = fake_matrix(modes=["pass", "perturb"], args=', "--delta", "0.5"', extra=NUMERICS)
+    run_matrix(text, f"--simplefsdp-json={first}")
+    result = run_matrix(text, f"--simplefsdp-baseline={first}", "-k", "perturb", "-v")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*loss differs from baseline pass-r2 at step 2*"])
+    result = run_matrix(text.replace("steps: 3", "steps: 4"), f"--simplefsdp-baseline={first}", "-k", "perturb")
+    result.stdout.fnmatch_lines(["*stored baseline pass-r2 has 3 steps, this run trains 4*"])
+
+
+def test_compare_unit():
+    exact, close = Lane("exact", [{}]), Lane("close", [{}], rtol=1e-3, atol=0, max_miss=0.5)
+    assert compare({1: 2.0, 2: 1.5}, {1: 2.0, 2: 1.5}, exact)[0]
+    ok, rep = compare({1: 2.0, 2: 1.5000001}, {1: 2.0, 2: 1.5}, exact)
+    assert not ok and rep["first_differing_step"] == 2
+    assert compare({1: 2.001, 2: 1.5}, {1: 2.0, 2: 1.5}, close)[0]  # one of two steps may miss
+    assert not compare({1: 2.01, 2: 1.6}, {1: 2.0, 2: 1.5}, close)[0]
+    assert not compare({1: 2.0}, {1: 2.0, 2: 1.5}, close)[0]  # a missing step never passes
+    assert not compare({1: float("nan"), 2: 1.5}, {1: 2.0, 2: 1.5}, close)[0]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("  global_batch_size: 8\n", "numerics.global_batch_size must be a positive integer"),
+    ("      rtol: 1.0e-5\n", None),
+    ("    - name: exact\n", None),
+])
+def test_numerics_block_errors(run_matrix, bad, message):
+    broken = NUMERICS.replace("rtol: 1.0e-5", "rtol: -1") if message is None and "rtol" in bad else NUMERICS
+    if "global" in bad:
+        broken = NUMERICS.replace(bad, "")
+    if bad.strip() == "- name: exact":
+        broken = NUMERICS.replace("    - name: exact\n", "    - name: exact\n      within: 3\n")
+    result = run_matrix(fake_matrix(modes=["pass", "perturb"], extra=broken))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    expected = message or ("lane 'close': rtol must be a number >= 0" if "rtol" in bad else "unknown lane key 'within'")
+    result.stderr.fnmatch_lines([f"*fake.yaml:*: {expected}*"])
