@@ -37,16 +37,19 @@ def value_id(value):
     return re.sub(r"[^A-Za-z0-9_.]+", "_", text)
 
 
-def cell_id(matrix: Matrix, axes: dict) -> str:
-    parts = []
+def id_parts(matrix: Matrix, axes: dict) -> dict:
+    """axis -> how its value is written in ids and tables ("" where the matrix omits it)."""
+    parts = {}
     for axis in matrix.axes:
         spec = matrix.ids.get(axis, {})
         omit = spec.get("omit", [])
         omit = omit if isinstance(omit, list) else [omit]
-        if axes[axis] in omit:
-            continue
-        parts.append(f"{spec.get('prefix', '')}{value_id(axes[axis])}")
-    return "-".join(parts)
+        parts[axis] = "" if axes[axis] in omit else f"{spec.get('prefix', '')}{value_id(axes[axis])}"
+    return parts
+
+
+def cell_id(matrix: Matrix, axes: dict) -> str:
+    return "-".join(p for p in id_parts(matrix, axes).values() if p)
 
 
 def world_size(matrix: Matrix, axes: dict) -> int:

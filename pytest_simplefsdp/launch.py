@@ -307,7 +307,8 @@ class TorchrunLauncher:
 
     def reproducer(self, spec: LaunchSpec):
         module = _python_module(spec.command.argv)
-        head = f"torchrun --nproc-per-node={spec.nproc} --master-port={spec.port}"
+        exe = Path(sys.executable).parent / "torchrun"  # the environment's own, so it runs from any shell
+        head = f"{exe if exe.exists() else 'torchrun'} --nproc-per-node={spec.nproc} --master-port={spec.port}"
         body = f"-m {module[0]} {shlex.join(module[1])}" if module else f"--no-python {shlex.join(spec.command.argv)}"
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
         return f"{cd}{_quote_env(spec.command.env)} {head} {body}".strip()

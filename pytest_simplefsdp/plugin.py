@@ -14,6 +14,7 @@ import os
 import platform
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import psutil
 import pytest
 
 from . import report
-from .cells import Cell, cell_id, expand, value_id, world_size
+from .cells import Cell, cell_id, expand, id_parts, value_id, world_size
 from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port, kill_procs, session_leftovers
 from .matrix import MatrixError, load_matrix
 from .numerics import compare, lane_for, mismatch_line, plot
@@ -55,6 +56,10 @@ OPTIONS = [
                                    "stopped and its logs cut"),
     ("max-ranks", "string", None, "most ranks one CPU cell may start on this machine (default: one per GB of "
                                   "available memory); a larger cell fails without launching"),
+    ("status-md", "string", None, "write the status table (GitHub markdown, one grid per profile and model, "
+                                  "footnotes with known-failure links) to this file"),
+    ("compare", "string", None, "a stored run (--simplefsdp-json) to compare with: newly broken, newly fixed "
+                                "and changed-signature cells are listed and marked in the status table"),
     ("baseline", "string", None, "take numerics baselines from this stored run (--simplefsdp-json output) "
                                  "instead of running them"),
     ("known-failures", "string", None, "known-failures YAML (default: known_failures.yaml in the rootdir, "
@@ -98,6 +103,22 @@ def pytest_configure(config):
 def _terminate(signum, frame):
     """SIGTERM acts like Ctrl-C: the running cell's ranks are killed, finished results are kept."""
     raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+
+def render_trace(trace_dir: Path, out: Path):
+    """tlparse's multi-rank HTML of a TORCH_TRACE folder, where tlparse is installed."""
+    exe = shutil.which("tlparse") or shutil.which("tlparse", path=str(Path(sys.executable).parent))
+    if not exe or not any(trace_dir.iterdir()):
+        return None
+    import subprocess
+
+    try:
+        subprocess.run([exe, str(trace_dir), "--all-ranks-html", "-o", str(out), "--overwrite", "--no-browser"],
+                       capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    index = out / "index.html"
+    return str(index) if index.exists() else None
 
 
 def _key(axes):
@@ -153,12 +174,7 @@ def matrix_files(config):
 def _labels(matrix, axes):
     """(row, column) labels for the table: columns are compile × backend × memory policy."""
     col_axes = [a for a in matrix.axes if a in COLUMN_AXES] or [list(matrix.axes)[-1]]
-    parts = {}
-    for axis in matrix.axes:
-        spec = matrix.ids.get(axis, {})
-        omit = spec.get("omit", [])
-        omit = omit if isinstance(omit, list) else [omit]
-        parts[axis] = "" if axes[axis] in omit else f"{spec.get('prefix', '')}{value_id(axes[axis])}"
+    parts = id_parts(matrix, axes)
     row = " ".join(parts[a] for a in matrix.axes if a not in col_axes and parts[a]) or "-"
     col = " ".join(parts[a] for a in col_axes if parts[a]) or "-"
     return row, col
@@ -360,6 +376,9 @@ class MatrixSession:
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
         if run.matrix.numerics and result.status == "passed":
             result.losses = run.target.losses(spec.log_dir / "dump") or result.losses
+        trace = Path(spec.command.env.get("TORCH_TRACE", spec.log_dir / "torch_trace"))
+        if result.failure_class and trace.is_dir():
+            result.trace_html = render_trace(trace, spec.log_dir / "tlparse")
         return result
 
     # --- numerics -----------------------------------------------------------------------
@@ -488,6 +507,14 @@ class MatrixSession:
                 tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
             return
         doc = self.document()
+        previous = option(self.config, "compare")
+        if previous:
+            doc["comparison"] = report.compare_runs(report.load_run(previous), doc)
+            tr.section(f"simplefsdp: changes since {previous}")
+            for key, change in doc["comparison"].items():
+                tr.write_line(f"{change}: {key}", red=change != "newly fixed", green=change == "newly fixed")
+            if not doc["comparison"]:
+                tr.write_line("no cell changed")
         if getattr(self, "leftover_lines", None):
             tr.section("simplefsdp: processes outlived the run (killed now)", red=True)
             for line in self.leftover_lines:
@@ -498,6 +525,11 @@ class MatrixSession:
         tr.write_line(report.render_text(doc))
         if self.jsonl is not None:
             tr.write_line(f"results: {self.run_dir / 'results.jsonl'}")
+        status_md = option(self.config, "status-md")
+        if status_md:
+            Path(status_md).parent.mkdir(parents=True, exist_ok=True)
+            Path(status_md).write_text(report.render_md(doc))
+            tr.write_line(f"status table: {status_md}")
         path = option(self.config, "json")
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -569,6 +601,7 @@ class CellItem(pytest.Item):
         super().__init__(**kwargs)
         self.run, self.cell = run, cell
         self.user_properties.append(("axes", json.dumps(cell.axes)))
+        self.user_properties.extend((f"axis.{k}", v) for k, v in cell.axes.items())  # dashboards slice by axis
 
     @property
     def session_state(self) -> MatrixSession:

@@ -68,8 +68,10 @@ def cell_text(rec, markdown=False):
     return text
 
 
-def grid(run, markdown=False):
-    """(headers, rows) of one matrix: rows are layouts, columns compile × memory policy."""
+def grid(run, markdown=False, symbols=True):
+    """(headers, rows) of one matrix: rows are layouts, columns compile × memory policy.
+
+    ``symbols=False``: the records' ``status`` is already the text to show."""
     cells = run["cells"]
     rows, cols = OrderedDict(), OrderedDict()
     for rec in cells:  # only rows and columns with at least one run cell are shown
@@ -77,9 +79,9 @@ def grid(run, markdown=False):
         cols.setdefault(rec["column"], None)
     for rec in run["dropped"]:
         if rec["row"] in rows and rec["column"] in cols:
-            rows[rec["row"]].setdefault(rec["column"], "n/a")
+            rows[rec["row"]].setdefault(rec["column"], "n/a" if symbols else STATUS_MD["dropped"])
     for rec in cells:
-        rows[rec["row"]][rec["column"]] = cell_text(rec, markdown)
+        rows[rec["row"]][rec["column"]] = cell_text(rec, markdown) if symbols else rec["status"]
     headers = ["layout", *cols]
     body = [[row, *(entries.get(c, "") for c in cols)] for row, entries in rows.items()]
     return headers, body
@@ -135,22 +137,86 @@ def render_text(doc):
     return "\n".join(out)
 
 
+STATUS_MD = {"passed": "✅", "failed": "❌", "xfailed": "🚧", "xpassed": "⚠️", "skipped": "⏭️", "dropped": "➖"}
+LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 known flaky · ⚠️ known failure that passed "
+          "(XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) · 🆕 newly broken · 🎉 newly fixed · "
+          "🔀 failure signature changed since the compared run")
+MARKS = {"newly broken": "🆕", "newly fixed": "🎉", "changed signature": "🔀"}
+
+
 def render_md(doc):
-    out = []
+    """The status table people used to keep by hand: one grid per profile and model, footnotes."""
+    out, notes = ["# SimpleFSDP composability status", "", LEGEND, ""], []
+    changes = doc.get("comparison", {})
     for run in doc["runs"]:
         meta = run["meta"]
-        out.append(f"## {meta.get('profile', '?')}: {meta.get('matrix', '?')}")
-        out.append("")
         versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-        out.append(f"target {meta.get('target', '?')}; {versions}; {meta.get('date', '')}")
-        out.append("")
-        if run["cells"]:
-            headers, body = grid(run, markdown=True)
+        tier = f", tier {meta['tier']}" if meta.get("tier") not in (None, "real") else ""
+        models = OrderedDict()
+        for rec in run["cells"]:
+            models.setdefault(rec["axes"].get("model", ""), []).append(rec)
+        for model, cells in models.items():
+            out.append(f"## {model or meta.get('matrix', '?')} — profile {meta.get('profile', '?')}{tier}")
+            out.append("")
+            out.append(f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, {versions}, "
+                       f"{meta.get('date', '')}")
+            out.append("")
+            sub = {"cells": [], "dropped": [dict(d, row=_strip(d["row"], model)) for d in run["dropped"]
+                                            if d["axes"].get("model", "") == model]}
+            for rec in cells:
+                symbol = "🔁" if rec.get("flaky") else STATUS_MD.get(rec["status"], rec["status"])
+                mark = MARKS.get(changes.get(f"{meta.get('matrix')}::{rec['id']}", ""), "")
+                note = _note(rec)
+                if note:
+                    notes.append(note)
+                    symbol += f"[^{len(notes)}]"
+                sub["cells"].append({**rec, "row": _strip(rec["row"], model), "status": symbol + mark})
+            headers, body = grid(sub, markdown=False, symbols=False)
             out.append(tabulate(body, headers=headers, tablefmt="github"))
             out.append("")
-        out.extend(f"- {line.strip()}" for line in footnotes(run))
+    if notes:
+        out.extend(f"[^{i}]: {note}" for i, note in enumerate(notes, 1))
         out.append("")
     return "\n".join(out)
+
+
+def _strip(row, model):
+    """The row label without the model (each model has its own table)."""
+    if model and row.startswith(model):
+        return row[len(model):].strip() or "-"
+    return row
+
+
+def _note(rec):
+    if rec["status"] in ("xfailed", "skipped") and rec.get("known_failure"):
+        return (f"`{rec['id']}`: known failure `{rec['known_failure']}` ({rec.get('known_failure_link')}): "
+                f"{rec.get('error_line') or rec.get('verdict') or ''}")
+    if rec["status"] == "failed":
+        return f"`{rec['id']}`: {rec.get('failure_class')}: {rec.get('error_line') or ''}"
+    if rec["status"] == "xpassed":
+        return f"`{rec['id']}`: {rec.get('verdict', '')}"
+    return None
+
+
+def compare_runs(old_doc, new_doc):
+    """{"matrix::id": "newly broken" | "newly fixed" | "changed signature"} between two runs."""
+    def index(doc):
+        return {f"{run['meta'].get('matrix')}::{rec['id']}": rec for run in doc["runs"] for rec in run["cells"]}
+
+    old, changes = index(old_doc), {}
+    for key, rec in index(new_doc).items():
+        before = old.get(key)
+        if before is None:
+            continue
+        was_bad = before["status"] == "failed" or before["status"] == "xfailed"
+        is_bad = rec["status"] in ("failed", "xfailed")
+        if is_bad and not was_bad:
+            changes[key] = "newly broken"
+        elif was_bad and not is_bad and rec["status"] != "skipped":
+            changes[key] = "newly fixed"
+        elif was_bad and is_bad and before.get("signature") != rec.get("signature"):
+            changes[key] = "changed signature"
+    return changes
 
 
 def main(argv=None):
@@ -164,9 +230,9 @@ def main(argv=None):
     except OSError as e:
         parser.error(f"{args.run}: {e.strerror}")
     if args.format == "json":
-        print(json.dumps(doc, indent=1))
-    else:
-        print(render_md(doc) if args.format == "md" else render_text(doc))
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:  # byte for byte what --simplefsdp-status-md wrote for the same run
+        sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc) + "\n")
     return 0
 
 

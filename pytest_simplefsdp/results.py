@@ -57,6 +57,7 @@ class CellResult:
     verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
     flaky: bool = False
     numerics: dict | None = None  # the comparison with the baseline (see numerics.compare)
+    trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure
 
     def record(self):

@@ -194,7 +194,10 @@ class Titan03:
             "--dump_folder", str(dump_folder),
         ]
         args += [str(x) for x in s.get("extra_args", [])]
-        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], _shim_env(self.matrix.device))
+        env = _shim_env(self.matrix.device)
+        if compile_mode != "eager":  # structured compile trace, rendered by tlparse for failing cells
+            env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env)
 
 
 class CommandTarget:

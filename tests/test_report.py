@@ -1,0 +1,81 @@
+"""Reports: status markdown from a run and from its JSON, comparison with a stored run, reproducers."""
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+from conftest import fake_matrix
+from pytest_simplefsdp.results import last_exception
+from pytest_simplefsdp.verdict import signature
+
+KF = """\
+- id: fake-known
+  when: {mode: fail}
+  error: 'fake failure'
+  kind: xfail
+  link: https://github.com/pytorch/torchtitan/pull/1529
+  reason: a known fake failure
+"""
+
+
+def test_status_md_is_regenerated_byte_for_byte_from_json(run_matrix, pytester):
+    kf = pytester.path / "kf.yaml"
+    kf.write_text(KF)
+    md, js = pytester.path / "status.md", pytester.path / "run.json"
+    run_matrix(fake_matrix(modes=["pass", "fail", "segv"]), f"--simplefsdp-status-md={md}",
+               f"--simplefsdp-json={js}", f"--simplefsdp-known-failures={kf}")
+    text = md.read_text()
+    assert text.startswith("# SimpleFSDP composability status\n\n✅ passes")
+    assert "| pass     | ✅     |" in text and "| fail     | 🚧[^1] |" in text and "| segv     | ❌[^2] |" in text
+    assert "[^1]: `fail-r2`: known failure `fake-known` (https://github.com/pytorch/torchtitan/pull/1529): " \
+           "RuntimeError: fake failure on purpose" in text
+    assert "[^2]: `segv-r2`: crash: rank 1 killed by SIGSEGV" in text
+    for source in (js, pytester.path / "runs" / "results.jsonl"):
+        again = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(source), "--format", "md"],
+                               capture_output=True, text=True, check=True).stdout
+        assert again == text
+
+
+def test_compare_lists_and_marks_changes(run_matrix, pytester):
+    first = pytester.path / "first.json"
+    text = fake_matrix(modes=["pass", "fail", "exit3"])
+    run_matrix(text, f"--simplefsdp-json={first}")
+    doc = json.loads(first.read_text())
+    for cell in doc["runs"][0]["cells"]:  # pretend the stored run saw the opposite / another error
+        if cell["id"] == "pass-r2":
+            cell["status"] = "failed"
+        elif cell["id"] == "fail-r2":
+            cell["status"] = "passed"
+        else:
+            cell["signature"] = "RuntimeError: something else"
+    first.write_text(json.dumps(doc))
+    md = pytester.path / "status.md"
+    result = run_matrix(text, f"--simplefsdp-compare={first}", f"--simplefsdp-status-md={md}")
+    result.stdout.fnmatch_lines(["*simplefsdp: changes since *first.json*", "newly fixed: fake.yaml::pass-r2",
+                                 "newly broken: fake.yaml::fail-r2", "changed signature: fake.yaml::exit3-r2"])
+    status = md.read_text()
+    assert "✅🎉" in status and "❌[^1]🆕" in status and "❌[^2]🔀" in status
+
+
+def test_reproducer_reruns_the_cell_alone_with_the_same_signature(run_matrix, pytester):
+    js = pytester.path / "run.json"
+    result = run_matrix(fake_matrix(modes=["fail"], timeout=120), f"--simplefsdp-json={js}", launcher="torchrun")
+    result.assert_outcomes(failed=1)
+    rec = json.loads(js.read_text())["runs"][0]["cells"][0]
+    command = open(f"{rec['log_dir']}/command.txt").read()
+    assert command.strip() == rec["reproducer"]
+    rerun = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert rerun.returncode != 0
+    head = "Traceback (most recent call last):"
+    blocks = (rerun.stdout + rerun.stderr).split(head)[1:]  # the rank's, then torchrun's own
+    assert rec["signature"] in {signature(last_exception(head + b)[1]) for b in blocks}
+
+
+def test_junit_has_one_property_per_axis(run_matrix, pytester):
+    xml = pytester.path / "junit.xml"
+    run_matrix(fake_matrix(modes=["fail"]), f"--junitxml={xml}")
+    case = next(ET.parse(xml).getroot().iter("testcase"))
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["axis.mode"] == "fail" and props["axis.ranks"] == "2"
+    assert props["failure_class"] == "runtime" and float(props["wall_s"]) > 0
