@@ -45,6 +45,7 @@ class LaunchSpec:
     timeout: float
     port: int
     log_limit_bytes: int = 512 * 2**20
+    first_rank: int = 0  # ranks first_rank .. first_rank+nproc-1 run here (the trace tier runs one)
 
 
 @dataclass
@@ -244,7 +245,7 @@ class LocalLauncher:
         env = _quote_env(spec.command.env)
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
         ranks = " & ".join(
-            f"RANK={r} LOCAL_RANK={r} WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
+            f"RANK={spec.first_rank + r} LOCAL_RANK={r} WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
             f"MASTER_ADDR=127.0.0.1 MASTER_PORT={spec.port} {env} {shlex.join(spec.command.argv)}"
             for r in range(spec.nproc))
         return f"{cd}{ranks} & wait"
@@ -257,7 +258,8 @@ class LocalLauncher:
         procs, files = {}, []
         try:
             for r in range(spec.nproc):
-                env = dict(base, RANK=str(r), LOCAL_RANK=str(r), GROUP_RANK="0", ROLE_RANK=str(r),
+                env = dict(base, RANK=str(spec.first_rank + r), LOCAL_RANK=str(r), GROUP_RANK="0",
+                           ROLE_RANK=str(spec.first_rank + r),
                            WORLD_SIZE=str(spec.nproc), LOCAL_WORLD_SIZE=str(spec.nproc),
                            ROLE_WORLD_SIZE=str(spec.nproc), TORCHELASTIC_RUN_ID=token)
                 log = spec.log_dir / f"rank{r}.log"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -33,7 +33,10 @@ TOP_KEYS = {
     "groups": "name -> partial cells: a keyword every matching cell gets (pytest -k NAME)",
     "numerics": "compare losses with a baseline: {global_batch_size, baseline, lanes: [{name, match, rtol, "
                 "atol, max_miss}]}",
+    "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
+             "profile's when each cell runs as one simulated rank on a CPU machine",
 }
+TRACE_KEYS = {"models", "settings", "rules", "rank"}
 NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes"}
 LANE_KEYS = {"name", "match", "rtol", "atol", "max_miss"}
 RULE_KEYS = {"name", "drop_if", "reason"}
@@ -101,6 +104,8 @@ class Matrix:
     description: str = ""
     groups: dict = field(default_factory=dict)  # name -> [Entry]
     numerics: Numerics | None = None
+    trace: dict | None = None  # the trace tier's overrides (see with_tier)
+    tier: str = "real"
     lines: dict = field(default_factory=dict)  # top key -> "file:line"
 
     def where(self, key):
@@ -210,27 +215,17 @@ def load_matrix(path) -> Matrix:
         if bad:
             raise MatrixError(f"{_line(path, axes_node, key=d)}: degree axis {d!r} has non-positive-integer values {bad}")
 
-    rules = []
-    for i, item in enumerate(doc.get("rules") or []):
-        where = _line(path, doc["rules"], index=i)
-        if not isinstance(item, dict):
-            raise MatrixError(f"{where}: a rule must be a mapping with {sorted(RULE_KEYS)}")
-        _check_keys(path, item, RULE_KEYS, "rule")
-        missing = RULE_KEYS - set(item)
-        if missing:
-            raise MatrixError(f"{where}: rule {item.get('name', '?')!r} is missing {sorted(missing)}")
-        where = _line(path, item, key="drop_if")  # errors are about the expression
-        rule = Rule(str(item["name"]), str(item["drop_if"]), str(item["reason"]), where)
-        try:
-            rule.code = compile(rule.drop_if, f"<rule {rule.name}>", "eval")
-        except SyntaxError as e:
-            raise MatrixError(f"{where}: rule {rule.name!r}: drop_if is not a valid expression: {rule.drop_if!r} ({e.msg})") from None
-        rules.append(rule)
-    names = [r.name for r in rules]
-    dupes = {n for n in names if names.count(n) > 1}
-    if dupes:
-        raise MatrixError(f"{lines['rules']}: duplicate rule names {sorted(dupes)}")
+    rules = _rules(path, doc)
+    trace = None
+    if doc.get("trace") is not None:
+        node = doc["trace"]
+        if not isinstance(node, dict):
+            raise MatrixError(f"{lines['trace']}: `trace` must be a mapping with keys {sorted(TRACE_KEYS)}")
+        _check_keys(path, node, TRACE_KEYS, "trace")
+        trace = {"models": _plain(node.get("models") or {}), "settings": _plain(node.get("settings") or {}),
+                 "rules": _rules(path, node), "rank": int(node.get("rank", 0))}
 
+    ids = _plain(doc.get("ids") or {})
     ids = _plain(doc.get("ids") or {})
     for axis, spec in ids.items():
         where = _line(path, doc["ids"], key=axis)
@@ -254,6 +249,7 @@ def load_matrix(path) -> Matrix:
         path=path,
         groups=groups,
         numerics=_numerics(path, doc, axes),
+        trace=trace,
         profile=str(doc["profile"]),
         target=_plain(doc["target"]),
         device=device,
@@ -271,6 +267,31 @@ def load_matrix(path) -> Matrix:
         description=str(doc.get("description", "")),
         lines=lines,
     )
+
+
+def _rules(path, doc):
+    """The `rules` list of a mapping (the matrix or its `trace` section)."""
+    rules = []
+    for i, item in enumerate(doc.get("rules") or []):
+        where = _line(path, doc["rules"], index=i)
+        if not isinstance(item, dict):
+            raise MatrixError(f"{where}: a rule must be a mapping with {sorted(RULE_KEYS)}")
+        _check_keys(path, item, RULE_KEYS, "rule")
+        missing = RULE_KEYS - set(item)
+        if missing:
+            raise MatrixError(f"{where}: rule {item.get('name', '?')!r} is missing {sorted(missing)}")
+        where = _line(path, item, key="drop_if")  # errors are about the expression
+        rule = Rule(str(item["name"]), str(item["drop_if"]), str(item["reason"]), where)
+        try:
+            rule.code = compile(rule.drop_if, f"<rule {rule.name}>", "eval")
+        except SyntaxError as e:
+            raise MatrixError(f"{where}: rule {rule.name!r}: drop_if is not a valid expression: {rule.drop_if!r} ({e.msg})") from None
+        rules.append(rule)
+    names = [r.name for r in rules]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise MatrixError(f"{_line(path, doc, key='rules')}: duplicate rule names {sorted(dupes)}")
+    return rules
 
 
 def _numerics(path, doc, axes):
@@ -311,3 +332,18 @@ def _numerics(path, doc, axes):
     if not lanes:
         raise MatrixError(f"{where}: numerics needs at least one lane")
     return Numerics(gbs, baseline, lanes)
+
+
+def with_tier(matrix: Matrix, tier: str) -> Matrix:
+    """The matrix as a tier runs it. ``trace``: every cell is one simulated rank on this CPU
+    machine (torchtitan's fake backend), with the file's `trace` models, settings and rules."""
+    if tier == "real":
+        return matrix
+    if not matrix.trace:
+        raise MatrixError(f"{matrix.path}: tier {tier!r} needs a `trace` section in the matrix file")
+    models = {m: {**matrix.models.get(m, {}), **facts} for m, facts in matrix.models.items()}
+    for m, facts in matrix.trace["models"].items():
+        models[m] = {**models.get(m, {}), **facts}
+    return replace(matrix, tier=tier, device="cpu", models=models, numerics=None,
+                   settings={**matrix.settings, **matrix.trace["settings"]},
+                   rules=matrix.rules + matrix.trace["rules"])

@@ -24,7 +24,7 @@ import pytest
 from . import report
 from .cells import Cell, cell_id, expand, id_parts, value_id, world_size
 from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port, kill_procs, session_leftovers
-from .matrix import MatrixError, load_matrix
+from .matrix import MatrixError, load_matrix, with_tier
 from .numerics import compare, lane_for, mismatch_line, plot
 from .results import CellResult, build_result
 from .verdict import could_apply, judge, load_known_failures, signature, update_file
@@ -44,6 +44,9 @@ OPTIONS = [
     ("matrix-file", "args", [], "matrix YAML file(s) to run instead of --simplefsdp-profile (repeatable)"),
     ("timeout", "string", None, "per-cell timeout in seconds (default: the matrix file's `timeout`, else 900); "
                                 "a cell past it is stack-dumped, killed and reported as a hang"),
+    ("tier", "string", "real", "real: every rank runs (the profile's device); trace: each cell is one "
+                               "simulated rank on this CPU machine (torchtitan's fake backend): config, "
+                               "parallelisation, tracing and one step are judged, numerics are not"),
     ("dry-run", "bool", False, "collect the cells and print each one's exact command and environment; "
                                "launch nothing"),
     ("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
@@ -183,19 +186,21 @@ def _labels(matrix, axes):
 class MatrixRun:
     """One matrix file's cells, target and results."""
 
-    def __init__(self, path, config, cache_dir):
-        self.matrix = load_matrix(path)
+    def __init__(self, path, config, cache_dir, tier="real"):
+        self.matrix = with_tier(load_matrix(path), tier)
         self.target = make_target(self.matrix, cache_dir)
         self.cells, self.dropped = expand(self.matrix)
         rel = Path(os.path.relpath(self.matrix.path.resolve(), config.rootpath))
         self.name = str(rel) if not str(rel).startswith("..") else self.matrix.path.name
+        if tier != "real":
+            self.name += f"[{tier}]"
         self.prepared = False
 
     def meta(self, launcher):
         return {"type": "meta", "matrix": self.name, "profile": self.matrix.profile,
                 "target": self.target.name, "device": self.matrix.device, "launcher": launcher,
                 "versions": versions(self.target), "date": datetime.date.today().isoformat(),
-                "cells": len(self.cells), "dropped_cells": len(self.dropped)}
+                "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": self.matrix.tier}
 
     def labels(self, axes):
         return _labels(self.matrix, axes)
@@ -204,7 +209,7 @@ class MatrixRun:
         """What known-failure conditions can name besides axes."""
         v = versions(self.target)
         return {"profile": self.matrix.profile, "target": self.target.name, "device": self.matrix.device,
-                "tier": "real", "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
+                "tier": self.matrix.tier, "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
 
 
 def versions(target):
@@ -236,7 +241,10 @@ class MatrixSession:
         max_ranks = _number(config, "max-ranks", None)
         self.max_ranks = int(max_ranks) if max_ranks else max(1, int(psutil.virtual_memory().available / 1e9))
         try:
-            self.runs = [MatrixRun(p, config, self.cache_dir) for p in matrix_files(config)]
+            tier = option(config, "tier")
+            if tier not in ("real", "trace"):
+                raise pytest.UsageError(f"--simplefsdp-tier: unknown tier {tier!r}; known: real, trace")
+            self.runs = [MatrixRun(p, config, self.cache_dir, tier) for p in matrix_files(config)]
         except MatrixError as e:
             raise pytest.UsageError(str(e)) from None
         if not self.dry_run:
@@ -244,7 +252,7 @@ class MatrixSession:
                 problem = run.target.check_installed()
                 if problem:
                     raise pytest.UsageError(problem)
-                if run.matrix.device == "cuda":
+                if run.matrix.device == "cuda":  # (the trace tier runs on CPU)
                     need = max(c.world for c in run.cells) if run.cells else 0
                     have = _cuda_devices()
                     if have < need:
@@ -321,11 +329,19 @@ class MatrixSession:
         return self.timeout or run.matrix.timeout or DEFAULT_TIMEOUT
 
     def spec_for(self, run, cell, port=None, seed=None):
-        cell_dir = self.run_dir / value_id(run.matrix.profile) / cell.id
+        cell_dir = self.run_dir / value_id(run.matrix.profile + ("" if run.matrix.tier == "real" else
+                                                                  f"-{run.matrix.tier}")) / cell.id
         port = port or free_port()
         command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
                                      seed_folder=seed)
+        if run.matrix.tier == "trace":  # one process plays rank `trace.rank` of the cell's world
+            return LaunchSpec(cell.id, command, 1, cell_dir, self.cell_timeout(run), port, self.log_limit,
+                              first_rank=run.matrix.trace["rank"])
         return LaunchSpec(cell.id, command, cell.world, cell_dir, self.cell_timeout(run), port, self.log_limit)
+
+    def launcher_for(self, run):
+        """The trace tier runs one plain process (torchrun would reset RANK); otherwise the chosen one."""
+        return LAUNCHERS["local"]() if run.matrix.tier == "trace" else self.launcher
 
     def _store(self, record):
         if self.jsonl is None:
@@ -357,13 +373,14 @@ class MatrixSession:
                               error_line=seed, error_text=seed)
         spec = self.spec_for(run, cell, seed=seed)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
-        (spec.log_dir / "command.txt").write_text(self.launcher.reproducer(spec) + "\n")
-        if run.matrix.device == "cpu" and cell.world > self.max_ranks:
-            outcome = LaunchOutcome(reproducer=self.launcher.reproducer(spec), launch_error=(
+        launcher = self.launcher_for(run)
+        (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")
+        if run.matrix.device == "cpu" and spec.nproc > self.max_ranks:
+            outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launch_error=(
                 f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
                 f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
         else:
-            outcome = self.launcher.launch(spec)
+            outcome = launcher.launch(spec)
         result = build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
         if result.failure_class == "infra" and "is already in use" in (result.error_line or ""):
             # another process took the free port between our check and the bind: once more, elsewhere
@@ -371,8 +388,8 @@ class MatrixSession:
             shutil.rmtree(spec.log_dir)
             spec.port = free_port()
             spec.log_dir.mkdir(parents=True)
-            (spec.log_dir / "command.txt").write_text(self.launcher.reproducer(spec) + "\n")
-            result = build_result(cell, self.launcher.launch(spec), spec.log_dir, run.matrix.settings.get("steps"))
+            (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")
+            result = build_result(cell, launcher.launch(spec), spec.log_dir, run.matrix.settings.get("steps"))
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
         if run.matrix.numerics and result.status == "passed":
             result.losses = run.target.losses(spec.log_dir / "dump") or result.losses
@@ -502,7 +519,7 @@ class MatrixSession:
                     if (run.name, cell.id) in self.selected:
                         spec = self.spec_for(run, cell, port=29500)
                         tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]")
-                        tr.write_line(f"  {self.launcher.reproducer(spec)}")
+                        tr.write_line(f"  {self.launcher_for(run).reproducer(spec)}")
             for run in self.runs:
                 tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
             return

@@ -129,6 +129,8 @@ def render_text(doc):
         meta = run["meta"]
         out.append(f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
                    f"target {meta.get('target', '?')}, launcher {meta.get('launcher', '?')}): {summary_counts(run)}")
+        if meta.get("tier") == "trace":
+            out.append(TRACE_NOTE)
         if run["cells"]:
             headers, body = grid(run)
             out.append(tabulate(body, headers=headers, tablefmt="simple"))
@@ -141,6 +143,8 @@ STATUS_MD = {"passed": "✅", "failed": "❌", "xfailed": "🚧", "xpassed": "�
 LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 known flaky · ⚠️ known failure that passed "
           "(XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) · 🆕 newly broken · 🎉 newly fixed · "
           "🔀 failure signature changed since the compared run")
+TRACE_NOTE = ("TRACE TIER: each cell ran as ONE simulated rank on a CPU machine (fake process group): config, "
+              "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run")
 MARKS = {"newly broken": "🆕", "newly fixed": "🎉", "changed signature": "🔀"}
 
 
@@ -152,6 +156,8 @@ def render_md(doc):
         meta = run["meta"]
         versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
         tier = f", tier {meta['tier']}" if meta.get("tier") not in (None, "real") else ""
+        if tier:
+            out.extend([f"> {TRACE_NOTE}", ""])
         models = OrderedDict()
         for rec in run["cells"]:
             models.setdefault(rec["axes"].get("model", ""), []).append(rec)

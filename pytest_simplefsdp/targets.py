@@ -195,6 +195,9 @@ class Titan03:
         ]
         args += [str(x) for x in s.get("extra_args", [])]
         env = _shim_env(self.matrix.device)
+        if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
+            args += ["--comm.mode", "fake_backend"]
+            env["NGPU"] = str(cell.world)
         if compile_mode != "eager":  # structured compile trace, rendered by tlparse for failing cells
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env)

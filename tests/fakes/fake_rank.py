@@ -3,7 +3,7 @@
 Ranks meet at a file barrier in --dump after every step (the stand-in for a collective), so a
 rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   pass       every rank logs `step: N  loss: X` for --steps steps and exits 0
-  fail       --rank raises --error (default RuntimeError) at step 2
+  fail       --rank raises --error (default RuntimeError) at step --at-step (2)
   hang       --rank stops before the step-2 barrier; its peers wait forever
   segv       --rank dies of SIGSEGV at step 2          kill      --rank SIGKILLs itself
   exit3      --rank calls os._exit(3) at step 2         noresult  every rank exits 0, no steps
@@ -35,6 +35,7 @@ def main():
     p.add_argument("--flood-mb", type=int, default=64)
     p.add_argument("--delta", type=float, default=1e-3)
     p.add_argument("--startup", type=float, default=0.0, help="seconds to sleep before step 1")
+    p.add_argument("--at-step", type=int, default=2, help="the step at which --rank misbehaves")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
@@ -46,7 +47,7 @@ def main():
     if a.mode == "orphan" and rank == 0:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     for step in range(1, a.steps + 1):
-        me = rank == a.rank and step == 2
+        me = rank == a.rank and step == a.at_step
         if me and a.mode == "fail":
             kind, _, msg = a.error.partition(": ")
             exc = {"RuntimeError": RuntimeError, "ValueError": ValueError, "AssertionError": AssertionError}
