@@ -19,8 +19,10 @@ import os
 import shlex
 import signal
 import socket
+import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -62,6 +64,7 @@ class LaunchOutcome:
     reproducer: str = ""
     launch_error: str | None = None
     port: int | None = None
+    notes: list = field(default_factory=list)
 
 
 SESSION = uuid.uuid4().hex[:8]  # in every token: the end-of-session sweep finds this run's processes
@@ -162,8 +165,12 @@ def _python_module(argv):
 class _Supervisor:
     """Waits for a set of root processes; handles timeout, failure tear-down and log floods."""
 
-    def __init__(self, spec, token, outcome):
+    def __init__(self, spec, token, outcome, finder=None):
         self.spec, self.token, self.outcome = spec, token, outcome
+        self.find = finder or (lambda: cell_processes(token))  # every process of the cell
+
+    def kill(self, grace=TERM_GRACE_S):
+        return kill_procs(self.find(), grace)
 
     def logs_size(self, now):
         if now - self._listed > 1.0:  # the file list is cheap to keep, the sizes are read every poll
@@ -185,7 +192,7 @@ class _Supervisor:
                     f.write(b"\n[simplefsdp] log cut here: the cell's output passed the log limit\n")
 
     def dump_stacks(self):
-        for p in cell_processes(self.token):
+        for p in self.find():
             try:
                 p.send_signal(signal.SIGUSR1)
             except psutil.NoSuchProcess:
@@ -200,10 +207,10 @@ class _Supervisor:
         try:
             self._watch(procs, on_first_failure, alive_ranks, start + self.spec.timeout)
         except BaseException:  # Ctrl-C / SIGTERM of the runner: leave nothing behind
-            kill_cell(self.token, grace=1.0)
+            self.kill(grace=1.0)
             raise
         self.outcome.wall = time.monotonic() - start
-        self.outcome.survivors = kill_cell(self.token)
+        self.outcome.survivors = self.kill()
 
     def _watch(self, procs, on_first_failure, alive_ranks, deadline):
         self._listed, self._logs = -1e9, []
@@ -222,13 +229,13 @@ class _Supervisor:
                 self.outcome.stuck_ranks = sorted(alive_ranks() if alive_ranks else
                                                   (k for k in procs if k not in self.outcome.exit_codes))
                 self.dump_stacks()
-                kill_cell(self.token)
+                self.kill()
                 for key, p in procs.items():
                     self.outcome.exit_codes.setdefault(key, p.wait())
                 break
             if self.logs_size(now) > self.spec.log_limit_bytes:
                 self.outcome.log_flood = self.spec.log_limit_bytes
-                kill_cell(self.token, grace=0.5)
+                self.kill(grace=0.5)
                 for key, p in procs.items():
                     self.outcome.exit_codes.setdefault(key, p.wait())
                 self.cap_logs()
@@ -254,6 +261,30 @@ class LocalLauncher:
         token = cell_token(spec)
         out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            procs, finder, close = self._start(spec, token, out)
+        except OSError as e:
+            out.launch_error = f"cannot start {spec.command.argv[0]!r}: {e.strerror or e}"
+            kill_cell(token)
+            return out
+
+        def tear_down(rank, code, procs):
+            out.first_failed_rank = rank
+            for p in procs.values():
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+
+        try:
+            _Supervisor(spec, token, out, finder).run(procs, tear_down)
+        finally:
+            close()
+        return out
+
+    def _start(self, spec, token, out):
+        """Start the ranks: (rank -> process, finder of the cell's processes, clean-up)."""
         base = _rank_env(spec, token)
         procs, files = {}, []
         try:
@@ -269,28 +300,16 @@ class LocalLauncher:
                 procs[r] = subprocess.Popen(spec.command.argv, env=env, cwd=spec.command.cwd, stdout=f,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, preexec_fn=_die_with_parent(signal.SIGKILL))
-        except OSError as e:
-            out.launch_error = f"cannot start {spec.command.argv[0]!r}: {e.strerror or e}"
-            kill_cell(token)
+        except OSError:
             for f in files:
                 f.close()
-            return out
+            raise
 
-        def tear_down(rank, code, procs):
-            out.first_failed_rank = rank
-            for p in procs.values():
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
-
-        try:
-            _Supervisor(spec, token, out).run(procs, tear_down)
-        finally:
+        def close():
             for f in files:
                 f.close()
-        return out
+
+        return procs, None, close
 
 
 class TorchrunLauncher:
@@ -368,4 +387,116 @@ class TorchrunLauncher:
             out.exit_codes.setdefault("launcher", code)
 
 
-LAUNCHERS = {"torchrun": TorchrunLauncher, "local": LocalLauncher}
+class _ServerRank:
+    """A rank forked by the fork server: Popen's poll/wait over the server's reports."""
+
+    def __init__(self, pid):
+        self.pid, self.returncode, self.done = pid, None, threading.Event()
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.done.wait(timeout)
+        return self.returncode
+
+
+class _ForkServer:
+    def __init__(self, command: RankCommand, preload, key):
+        self.marker = f"forkserver:{SESSION}:{key}"
+        env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
+        if "PYTHONPATH" in command.env and os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = command.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "pytest_simplefsdp.forkserver", *preload], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     cwd=command.cwd, preexec_fn=_die_with_parent(signal.SIGKILL))
+        self.ranks, self.replies = {}, []
+        self.lock, self.changed = threading.Lock(), threading.Condition()
+        first = self.proc.stdout.readline()
+        if not first.startswith('{"ready"'):
+            raise OSError(f"fork server did not start (preloading {' '.join(preload)})")
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.changed:
+                if "pids" in msg:
+                    self.replies.append(msg["pids"])
+                else:
+                    rank = self.ranks[msg["rank"]]
+                    rank.returncode = msg["code"]
+                    rank.done.set()
+                self.changed.notify_all()
+
+    def start(self, request):
+        with self.changed:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            if not self.changed.wait_for(lambda: self.replies, timeout=60):
+                raise OSError("fork server did not answer")
+            pids = self.replies.pop()
+            self.ranks = {r: _ServerRank(pid) for r, pid in enumerate(pids)}
+        return self.ranks
+
+    def processes(self):
+        """The cell's processes: everything carrying the server's marker but the server."""
+        return [p for p in psutil.process_iter(["pid"]) if p.pid != self.proc.pid and _token_of(p) == self.marker]
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        kill_procs([psutil.Process(self.proc.pid)] + self.processes(), grace=2)
+
+
+class ForkLauncher(LocalLauncher):
+    """A long-lived server per target environment imports torch and the target once, then forks
+    one fresh child per rank per cell (see forkserver.py). Programs that are not ``python -m
+    module`` need a fresh interpreter: they run under the local launcher, and the cell says so.
+
+    Known limit: environment read at import time (e.g. TORCH_TRACE) takes the server's value."""
+
+    name = "fork"
+    PER_CELL_ENV = ("TORCH_TRACE",)
+
+    def __init__(self):
+        self.servers = {}
+
+    def launch(self, spec: LaunchSpec) -> LaunchOutcome:
+        if _python_module(spec.command.argv) is None or Path(spec.command.argv[0]) != Path(sys.executable):
+            out = LocalLauncher().launch(spec)
+            out.notes.append("fork launcher: not a `python -m module` program of this interpreter; "
+                             "ran under the local launcher")
+            return out
+        return super().launch(spec)
+
+    def _server(self, command: RankCommand):
+        env = {k: v for k, v in command.env.items() if k not in self.PER_CELL_ENV}
+        key = json.dumps([env, command.cwd, command.preload], sort_keys=True)
+        if key not in self.servers:
+            module = _python_module(command.argv)[0]
+            self.servers[key] = _ForkServer(RankCommand(command.argv, env, command.cwd),
+                                            [module, *command.preload], len(self.servers))
+        return self.servers[key]
+
+    def _start(self, spec, token, out):
+        server = self._server(spec.command)
+        module, args = _python_module(spec.command.argv)
+        env = _rank_env(spec, token)
+        env["TORCHELASTIC_RUN_ID"] = token
+        logs = [str(spec.log_dir / f"rank{r}.log") for r in range(spec.nproc)]
+        for r, log in enumerate(logs):
+            out.rank_logs[r] = [Path(log)]
+        ranks = server.start({"nproc": spec.nproc, "first_rank": spec.first_rank, "module": module, "args": args,
+                              "env": env, "logs": logs, "cwd": spec.command.cwd})
+        return ranks, server.processes, lambda: None
+
+    def close(self):
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()
+
+
+LAUNCHERS = {"torchrun": TorchrunLauncher, "local": LocalLauncher, "fork": ForkLauncher}

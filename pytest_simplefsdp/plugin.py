@@ -51,8 +51,9 @@ OPTIONS = [
                                "launch nothing"),
     ("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
                              "first error line, failing rank, wall time, log dir) to this JSON file"),
-    ("launcher", "string", "torchrun", "how ranks are started: torchrun (reference) or local "
-                                       "(the runner starts each rank with torchrun's environment)"),
+    ("launcher", "string", "torchrun", "how ranks are started: torchrun (reference), local (the runner "
+                                       "starts each rank with torchrun's environment) or fork (a server "
+                                       "imports torch and the target once and forks the ranks of every cell)"),
     ("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
                                   "under the rootdir)"),
     ("log-limit", "string", "512", "MB of logs a cell may write (all ranks together); past it the cell is "
@@ -554,6 +555,8 @@ class MatrixSession:
             tr.write_line(f"json report: {path}")
 
     def pytest_sessionfinish(self, session):
+        if hasattr(self.launcher, "close"):  # the fork servers end with the session
+            self.launcher.close()
         leftovers = session_leftovers()  # the clean-up guarantee: nothing of this run may survive it
         if leftovers:
             self.leftover_lines = [f"pid {p.pid}: {' '.join(p.cmdline()[:6])}" for p in leftovers

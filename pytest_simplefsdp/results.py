@@ -146,6 +146,7 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
     res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
                      log_dir=str(log_dir), rank_logs=outcome.rank_logs, reproducer=outcome.reproducer,
                      exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks))
+    res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
     for r in sorted(texts):
         losses = parse_losses(texts[r])

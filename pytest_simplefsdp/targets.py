@@ -33,6 +33,7 @@ class RankCommand:
     argv: list
     env: dict = field(default_factory=dict)
     cwd: str | None = None
+    preload: list = field(default_factory=list)  # modules a fork server imports once (beyond argv's)
 
 
 def _check_values(matrix: Matrix, allowed: dict):
@@ -200,7 +201,10 @@ class Titan03:
             env["NGPU"] = str(cell.world)
         if compile_mode != "eager":  # structured compile trace, rendered by tlparse for failing cells
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
-        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env)
+        module = facts["module"]
+        preload = [f"torchtitan.experiments.{module}.config_registry" if module.startswith("graph_trainer.")
+                   else module]
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env, preload=preload)
 
 
 class CommandTarget:
