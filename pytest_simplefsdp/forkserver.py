@@ -20,7 +20,7 @@ import sys
 import traceback
 
 
-def _child(req, rank):
+def _child(req, rank, server):
     os.setsid()
     try:
         import ctypes
@@ -28,6 +28,8 @@ def _child(req, rank):
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # die with the server
     except (OSError, AttributeError):
         pass
+    if os.getppid() != server:
+        os._exit(1)
     fd = os.open(req["logs"][rank], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -67,13 +69,14 @@ def main():
     for name in sys.argv[1:]:
         importlib.import_module(name)
     _say({"ready": True})
+    server = os.getpid()
     for line in sys.stdin:
         req = json.loads(line)
         pids = {}
         for rank in range(req["nproc"]):
             pid = os.fork()
             if pid == 0:
-                _child(req, rank)
+                _child(req, rank, server)
             pids[pid] = rank
         _say({"pids": list(pids)})
         while pids:

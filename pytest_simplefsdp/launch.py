@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from .targets import RankCommand
+from .targets import SHIM_DIR, RankCommand
 
 MARKER = "SIMPLEFSDP_CELL"
 POLL_S = 0.05
@@ -135,17 +135,29 @@ def _die_with_parent(sig=signal.SIGTERM):
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        return lambda: libc.prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the end-of-session sweep still applies
+    except OSError:  # not Linux: the end-of-session sweep still applies
         return None
+    parent = os.getpid()
+
+    def arm():
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the runner died between fork and prctl
+            os.kill(os.getpid(), sig)
+
+    return arm
+
+
+def _python_path(command: RankCommand):
+    """The harness's sitecustomize first (stack dumps on SIGUSR1), then the target's, then ours."""
+    parts = [str(SHIM_DIR), *command.env.get("PYTHONPATH", "").split(os.pathsep),
+             *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(p for p in parts if p))
 
 
 def _rank_env(spec: LaunchSpec, token: str):
     env = dict(os.environ)
     env.update(spec.command.env)
-    if "PYTHONPATH" in spec.command.env and os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = spec.command.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
+    env["PYTHONPATH"] = _python_path(spec.command)
     env.update({MARKER: token, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(spec.port),
                 "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
     return env
@@ -405,8 +417,7 @@ class _ForkServer:
     def __init__(self, command: RankCommand, preload, key):
         self.marker = f"forkserver:{SESSION}:{key}"
         env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
-        if "PYTHONPATH" in command.env and os.environ.get("PYTHONPATH"):
-            env["PYTHONPATH"] = command.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
+        env["PYTHONPATH"] = _python_path(command)
         self.proc = subprocess.Popen([sys.executable, "-m", "pytest_simplefsdp.forkserver", *preload], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                      cwd=command.cwd, preexec_fn=_die_with_parent(signal.SIGKILL))

@@ -252,7 +252,6 @@ class CommandTarget:
                   "port": port, "dump_folder": dump_folder, "matrix_dir": self.matrix.path.parent.resolve()}
         argv = [str(p).format(**values) for p in self.argv]
         env = {k: str(v).format(**values) for k, v in self.env.items()}
-        env.setdefault("PYTHONPATH", str(SHIM_DIR))
         return RankCommand(argv, env, cwd=str(self.matrix.path.parent.resolve()))
 
 
