@@ -269,14 +269,20 @@ def load_matrix(path) -> Matrix:
     )
 
 
+def _mappings(path, parent, key, allowed, what):
+    """The mappings listed under ``parent[key]``, each checked for unknown keys, with its line."""
+    for i, item in enumerate(parent.get(key) or []):
+        where = _line(path, parent[key], index=i)
+        if not isinstance(item, dict):
+            raise MatrixError(f"{where}: a {what} must be a mapping with keys {sorted(allowed)}")
+        _check_keys(path, item, allowed, what)
+        yield where, item
+
+
 def _rules(path, doc):
     """The `rules` list of a mapping (the matrix or its `trace` section)."""
     rules = []
-    for i, item in enumerate(doc.get("rules") or []):
-        where = _line(path, doc["rules"], index=i)
-        if not isinstance(item, dict):
-            raise MatrixError(f"{where}: a rule must be a mapping with {sorted(RULE_KEYS)}")
-        _check_keys(path, item, RULE_KEYS, "rule")
+    for where, item in _mappings(path, doc, "rules", RULE_KEYS, "rule"):
         missing = RULE_KEYS - set(item)
         if missing:
             raise MatrixError(f"{where}: rule {item.get('name', '?')!r} is missing {sorted(missing)}")
@@ -311,11 +317,7 @@ def _numerics(path, doc, axes):
         if axis not in axes:
             raise MatrixError(f"{_line(path, node['baseline'], key=axis)}: numerics.baseline names unknown axis {axis!r}")
     lanes = []
-    for i, item in enumerate(node.get("lanes") or []):
-        lwhere = _line(path, node["lanes"], index=i)
-        if not isinstance(item, dict):
-            raise MatrixError(f"{lwhere}: a lane must be a mapping with keys {sorted(LANE_KEYS)}")
-        _check_keys(path, item, LANE_KEYS, "lane")
+    for lwhere, item in _mappings(path, node, "lanes", LANE_KEYS, "lane"):
         name = item.get("name")
         if not name:
             raise MatrixError(f"{lwhere}: a lane needs a `name`")

@@ -2,7 +2,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
+
+from pytest_simplefsdp.launch import MARKER
 
 pytest_plugins = ["pytester"]
 
@@ -47,3 +50,15 @@ def run_matrix(pytester):
 @pytest.fixture
 def python():
     return sys.executable
+
+
+def marked(prefix):
+    """Live processes whose cell marker starts with ``prefix`` (a cell id, or "forkserver:")."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get(MARKER, "").startswith(prefix):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found

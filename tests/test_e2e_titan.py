@@ -13,24 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from pytest_simplefsdp.launch import MARKER
+from conftest import marked
 from pytest_simplefsdp.plugin import MATRIX_DIR
 
 pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
-
-
-def cell_procs(prefix):
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get(MARKER, "").startswith(prefix):
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return out
 
 
 def test_smoke_tier_runs_real_cells(pytester):
@@ -58,7 +46,7 @@ def test_smoke_tier_runs_real_cells(pytester):
     ep = cells["deepseek_v3-dp2-ep2-eager"]["numerics"]
     assert ep["lane"] == "close" and ep["baseline"] == "baseline-deepseek_v3-dp2-eager"
     assert ep["max_rel_diff"] <= 1e-4
-    assert not cell_procs("llama3-dp2")
+    assert not marked("llama3-dp2")
 
 
 def test_failing_compile_cell_is_xfailed_with_its_trace_rendered(pytester):
@@ -91,7 +79,7 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
         while victim is None and time.monotonic() < deadline:
             logs = list(runs.glob("cpu/llama3-dp2-eager/torchrun/*/attempt_0/1/std*.log"))
             if any("step:  5" in p.read_text(errors="replace") for p in logs):
-                victim = next((p for p in cell_procs("llama3-dp2-eager") if p.environ().get("RANK") == "1"
+                victim = next((p for p in marked("llama3-dp2-eager") if p.environ().get("RANK") == "1"
                                and p.ppid() != os.getpid() and "torchtitan.train" in " ".join(p.cmdline())), None)
             time.sleep(0.2)
         assert victim is not None, "rank 1 never reached step 5"
@@ -104,4 +92,19 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
             proc.kill()
     assert "llama3-dp2-eager: [crash] rank 1 killed by SIGKILL" in out, out[-3000:]
     assert ended_at - killed_at < 60  # peers are torn down, not left to a collective timeout
-    assert not cell_procs("llama3-dp2-eager")
+    assert not marked("llama3-dp2-eager")
+
+
+def test_fork_launcher_matches_torchrun_on_real_cells(pytester):
+    """Same verdicts and bitwise the same losses as the reference launcher."""
+    losses = {}
+    for launcher in ("torchrun", "fork"):
+        out = pytester.path / f"{launcher}.json"
+        result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu",
+                                               "-k", "llama3-dp2-eager or llama3-tp2-eager",
+                                               f"--simplefsdp-launcher={launcher}", f"--simplefsdp-json={out}",
+                                               f"--simplefsdp-artifacts={pytester.path / launcher}", timeout=900)
+        result.assert_outcomes(passed=2)
+        losses[launcher] = {c["id"]: c["losses"] for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    assert losses["fork"] == losses["torchrun"]
+    assert not marked("llama3-") and not marked("forkserver:")

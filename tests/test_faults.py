@@ -7,28 +7,15 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix
+from conftest import FAKE_RANK, fake_matrix, marked
 from pytest_simplefsdp import launch
 from pytest_simplefsdp.launch import MARKER, LaunchSpec, TorchrunLauncher, kill_procs, session_leftovers
 from pytest_simplefsdp.results import build_result
 from pytest_simplefsdp.cells import Cell
 from pytest_simplefsdp.targets import RankCommand
-
-
-def marked(prefix):
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get(MARKER, "").startswith(prefix):
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return out
 
 
 @pytest.mark.parametrize("launcher", ["local", "torchrun"])

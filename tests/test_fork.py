@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix
-from test_faults import marked
+from conftest import FAKE_RANK, fake_matrix, marked
 
 
 def module_matrix(modes, **kw):

@@ -6,23 +6,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import fake_matrix
-from pytest_simplefsdp.launch import MARKER
-
-
-def leftover(prefix=""):
-    """Processes still carrying a cell marker (any cell of these tests)."""
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get(MARKER, "").startswith(prefix) and MARKER in p.environ():
-                found.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return found
+from conftest import fake_matrix, marked
 
 
 def test_without_the_flag_nothing_changes(pytester):
@@ -61,7 +47,7 @@ def test_pass_and_fail(run_matrix, tmp_path):
     assert bad["error_line"] == "RuntimeError: fake failure on purpose"
     assert bad["axes"] == {"mode": "fail", "ranks": 2} and bad["wall"] > 0
     assert Path(bad["log_dir"], "rank1.log").is_file()
-    assert not leftover("fail-r2")
+    assert not marked("fail-r2")
 
 
 def test_table_is_rendered_again_from_stored_results(run_matrix, pytester):
@@ -86,7 +72,7 @@ def test_faults_are_classified(run_matrix, mode, cls, line):
     result = run_matrix(fake_matrix(modes=[mode], timeout=60))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*{mode}-r2: [[]{cls}[]] {line}"])
-    assert not leftover(f"{mode}-r2")
+    assert not marked(f"{mode}-r2")
 
 
 def test_hang_is_killed_with_stacks_and_stuck_rank(run_matrix, pytester):
@@ -96,14 +82,14 @@ def test_hang_is_killed_with_stacks_and_stuck_rank(run_matrix, pytester):
     log = (pytester.path / "runs" / "fake" / "hang-r3" / "rank1.log").read_text()
     assert "Current thread" in log or "Thread 0x" in log  # faulthandler's dump
     assert "time.sleep(3600)" in log or "in main" in log
-    assert not leftover("hang-r3")
+    assert not marked("hang-r3")
 
 
 def test_leftover_process_fails_the_cell(run_matrix):
     result = run_matrix(fake_matrix(modes=["orphan"]))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*orphan-r2: [[]infra[]] 1 process(es) outlived the cell and were killed*"])
-    assert not leftover("orphan-r2")
+    assert not marked("orphan-r2")
 
 
 def test_dry_run_prints_commands_and_launches_nothing(run_matrix, pytester):
@@ -172,4 +158,4 @@ def test_torchrun_launcher_names_the_first_failing_rank(run_matrix):
                                  "*first failing rank: 1*",
                                  "*segv-r2: [[]crash[]] rank 1 killed by SIGSEGV*",
                                  "*rerun: *torchrun --nproc-per-node=2*--no-python*"])
-    assert not leftover("fail-r2") and not leftover("segv-r2") and not leftover("pass-r2")
+    assert not marked("fail-r2") and not marked("segv-r2") and not marked("pass-r2")
