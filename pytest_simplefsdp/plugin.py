@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -200,20 +201,23 @@ class MatrixRun:
     def meta(self, launcher):
         return {"type": "meta", "matrix": self.name, "profile": self.matrix.profile,
                 "target": self.target.name, "device": self.matrix.device, "launcher": launcher,
-                "versions": versions(self.target), "date": datetime.date.today().isoformat(),
-                "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": self.matrix.tier}
+                "versions": versions(), "date": datetime.date.today().isoformat(),
+                "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": self.matrix.tier,
+                "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells))}
 
     def labels(self, axes):
         return _labels(self.matrix, axes)
 
     def env(self):
         """What known-failure conditions can name besides axes."""
-        v = versions(self.target)
+        v = versions()
         return {"profile": self.matrix.profile, "target": self.target.name, "device": self.matrix.device,
                 "tier": self.matrix.tier, "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
 
 
-def versions(target):
+@functools.lru_cache(maxsize=None)
+def versions():
+    """The versions a report and a known-failure condition name (installed once per session)."""
     from importlib import metadata
 
     out = {"python": platform.python_version()}
@@ -265,7 +269,7 @@ class MatrixSession:
         self.known = self._load_known_failures(config)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         art = option(config, "artifacts")
-        self.run_dir = Path(art) if art else config.rootpath / ".simplefsdp" / "runs" / stamp
+        self.run_dir = Path(art) if art else self.cache_dir / "runs" / stamp
         self.results = {}  # (run name, cell id) -> CellResult
         self.baselines = {}  # (run name, axes key) -> CellResult or an error line
         self.seeds = {}  # (run name, model) -> seed checkpoint folder or an error line
@@ -284,13 +288,14 @@ class MatrixSession:
             raise pytest.UsageError(f"--simplefsdp-known-failures: {path}: no such file")
         # every profile shipped or run counts: an entry must be able to match one of their cells
         shipped = []
-        for p in sorted(MATRIX_DIR.glob("*.yaml")):
-            if all(p.resolve() != r.matrix.path.resolve() for r in self.runs):
-                try:
-                    shipped.append(MatrixRun(p, config, self.cache_dir))
-                except MatrixError:
-                    continue
-        profiles = self.runs + shipped
+        for p in sorted(MATRIX_DIR.glob("*.yaml")):  # in the real tier: a tier's rules may drop more
+            run = next((r for r in self.runs if r.matrix.path.resolve() == p.resolve() and r.matrix.tier == "real"),
+                       None)
+            try:
+                shipped.append(run or MatrixRun(p, config, self.cache_dir))
+            except MatrixError:
+                continue
+        profiles = [r for r in self.runs if r not in shipped] + shipped
         axis_names = {a for r in profiles for a in r.matrix.axes}
         try:
             known = load_known_failures(path, axis_names, allow_todo_links=self.update_known)

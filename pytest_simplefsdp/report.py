@@ -77,6 +77,8 @@ def grid(run, markdown=False, symbols=True):
     for rec in cells:  # only rows and columns with at least one run cell are shown
         rows.setdefault(rec["row"], {})
         cols.setdefault(rec["column"], None)
+    order = {c: i for i, c in enumerate(run.get("meta", {}).get("columns", []))}  # the matrix's column order
+    cols = OrderedDict((c, None) for c in sorted(cols, key=lambda c: order.get(c, len(order))))
     for rec in run["dropped"]:
         if rec["row"] in rows and rec["column"] in cols:
             rows[rec["row"]].setdefault(rec["column"], "n/a" if symbols else STATUS_MD["dropped"])
@@ -167,7 +169,7 @@ def render_md(doc):
             out.append(f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, {versions}, "
                        f"{meta.get('date', '')}")
             out.append("")
-            sub = {"cells": [], "dropped": [dict(d, row=_strip(d["row"], model)) for d in run["dropped"]
+            sub = {"meta": meta, "cells": [], "dropped": [dict(d, row=_strip(d["row"], model)) for d in run["dropped"]
                                             if d["axes"].get("model", "") == model]}
             for rec in cells:
                 symbol = "🔁" if rec.get("flaky") else STATUS_MD.get(rec["status"], rec["status"])
