@@ -40,8 +40,9 @@ OPTIONS = [
     ("matrix", "bool", False, "run the SimpleFSDP composability matrix: one test per valid cell "
                               "(ordinary test files are not collected in this mode)"),
     ("profile", "string", "auto", "profile(s) to run, comma-separated: a file name in matrix/ without .yaml "
-                                  "(cpu, h100x8), 'all', or 'auto' (h100x8 where 8 CUDA devices are visible, "
-                                  "else cpu)"),
+                                  "(cpu, h100x8, titan02-cpu, titan02-h100x8), 'all', or 'auto' (the installed "
+                                  "torchtitan generation's h100x8 profile where 8 CUDA devices are visible, "
+                                  "else its cpu profile)"),
     ("matrix-file", "args", [], "matrix YAML file(s) to run instead of --simplefsdp-profile (repeatable)"),
     ("timeout", "string", None, "per-cell timeout in seconds (default: the matrix file's `timeout`, else 900); "
                                 "a cell past it is stack-dumped, killed and reported as a hang"),
@@ -144,6 +145,15 @@ def _number(config, name, default=0):
     return number
 
 
+def _installed(package):
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def _cuda_devices():
     if not shutil.which("nvidia-smi"):
         return 0
@@ -166,8 +176,9 @@ def matrix_files(config):
     for name in wanted:
         if name == "all":
             out.extend(known.values())
-        elif name == "auto":
-            out.append(known["h100x8" if _cuda_devices() >= 8 else "cpu"])
+        elif name == "auto":  # the installed generation's profile for this machine
+            prefix = "titan02-" if _installed("torchtitan").startswith("0.2.") else ""
+            out.append(known[prefix + ("h100x8" if _cuda_devices() >= 8 else "cpu")])
         elif name in known:
             out.append(known[name])
         else:

@@ -49,10 +49,10 @@ def _check_values(matrix: Matrix, allowed: dict):
                 raise MatrixError(f"{matrix.where('axes')}: axis {axis!r}: unknown value {v!r}; expected {expected}")
 
 
-def _shim_env(device):
+def _shim_env(device, generation):
     env = {"PYTHONPATH": os.pathsep.join([str(SHIM_DIR), str(FIXTURES)])}
     if device == "cpu":
-        env.update(SIMPLEFSDP_CPU_SHIM="1", OMP_NUM_THREADS="1")
+        env.update(SIMPLEFSDP_CPU_SHIM=generation, OMP_NUM_THREADS="1")
     return env
 
 
@@ -98,7 +98,7 @@ class Titan03:
             missing = [k for k in self.MODEL_KEYS if not (facts or {}).get(k)]
             if missing:
                 raise MatrixError(f"{self.matrix.where('models')}: models.{model} needs {', '.join(missing)} "
-                                  f"(the --module and --config torchtitan loads)")
+                                  f"(target {self.name})")
 
     def installed_version(self):
         try:
@@ -144,7 +144,7 @@ class Titan03:
                             "--debug.seed", str(self.matrix.settings.get("seed", 42)), "--debug.deterministic",
                             "--parallelism.data_parallel_shard_degree", "1",
                             "--hf_assets_path", self.tokenizer, "--dataloader.dataset_path", self.dataset,
-                            "--dump_folder", str(dump_folder)], _shim_env(self.matrix.device))
+                            "--dump_folder", str(dump_folder)], _shim_env(self.matrix.device, self.name))
 
     def losses(self, dump_folder: Path):
         """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
@@ -195,7 +195,7 @@ class Titan03:
             "--dump_folder", str(dump_folder),
         ]
         args += [str(x) for x in s.get("extra_args", [])]
-        env = _shim_env(self.matrix.device)
+        env = _shim_env(self.matrix.device, self.name)
         if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
             args += ["--comm.mode", "fake_backend"]
             env["NGPU"] = str(cell.world)
@@ -205,6 +205,59 @@ class Titan03:
         preload = [f"torchtitan.experiments.{module}.config_registry" if module.startswith("graph_trainer.")
                    else module]
         return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env, preload=preload)
+
+
+class Titan02(Titan03):
+    """torchtitan 0.2.x, ``torchtitan.experiments.simple_fsdp`` (the seed era of autumn 2025).
+
+    TOML job config (ours: fixtures/titan02_debugmodel.toml), ``--model.name simple_fsdp.<model>``,
+    ``--compile.enable``, ``--activation_checkpoint.mode``, a separate expert-TP degree."""
+
+    name = "titan02"
+    version_prefix = "0.2."
+    AXES = {
+        "model": ("llama3", "deepseek_v3"),
+        "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "etp": int, "cp": int, "pp": int,
+        "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "GPipe", "ZBVZeroBubble"),
+        "compile": ("eager", "compiled"),
+        "backend": ("aot_eager", "inductor"),
+        "ac": ("none", "selective", "full"),
+    }
+    MODEL_KEYS = ("name", "flavor")
+    MODEL_OPTIONAL = ("moe",)
+    DEGREE_FLAGS = {**Titan03.DEGREE_FLAGS, "etp": "expert_tensor_parallel_degree"}
+    JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
+
+    seed_command = None  # numerics are not wired for 0.2: its matrix files have no `numerics`
+
+    def command(self, cell, dump_folder: Path, **_):
+        a, s = cell.axes, self.matrix.settings
+        facts = self.matrix.models[a["model"]]
+        args = ["--job.config_file", str(self.JOB_TOML), "--model.name", facts["name"],
+                "--model.flavor", facts["flavor"]]
+        for axis, flag in self.DEGREE_FLAGS.items():
+            if axis in a:
+                args += [f"--parallelism.{flag}", str(a[axis])]
+        if a.get("pp", 1) > 1:
+            args += ["--parallelism.pipeline_parallel_schedule", a["pp_schedule"]]
+        if a.get("compile", "eager") == "compiled":
+            args += ["--compile.enable", "--compile.backend", a.get("backend", s.get("compile_backend", "aot_eager"))]
+        args += ["--activation_checkpoint.mode", a.get("ac", "none")]
+        args += [
+            "--training.steps", str(s.get("steps", 3)),
+            "--training.seq_len", str(s.get("seq_len", 256)),
+            "--training.local_batch_size", str(s.get("local_batch_size", 2)),
+            "--training.seed", str(s.get("seed", 42)), "--training.deterministic",
+            "--metrics.log_freq", "1", "--metrics.disable_color_printing",
+            "--model.hf_assets_path", self.tokenizer, "--training.dataset_path", self.dataset,
+            "--job.dump_folder", str(dump_folder),
+        ]
+        args += [str(x) for x in s.get("extra_args", [])]
+        env = _shim_env(self.matrix.device, self.name)
+        if a.get("compile") == "compiled":
+            env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env,
+                           preload=[f"torchtitan.experiments.{facts['name']}"])
 
 
 class CommandTarget:
@@ -255,7 +308,7 @@ class CommandTarget:
         return RankCommand(argv, env, cwd=str(self.matrix.path.parent.resolve()))
 
 
-TARGETS = {Titan03.name: Titan03}
+TARGETS = {Titan03.name: Titan03, Titan02.name: Titan02}
 
 
 def make_target(matrix: Matrix, cache_dir: Path):
