@@ -1,0 +1,27 @@
+"""End to end on the seed era: torchtitan 0.2 `experiments/simple_fsdp` cells on CPU ranks (tox -e titan02)."""
+
+import json
+from importlib import metadata
+
+import pytest
+
+pytest.importorskip("torchtitan", reason="torchtitan 0.2 is the seed-era system under test (tox -e titan02)")
+if not metadata.version("torchtitan").startswith("0.2."):
+    pytest.skip("these cells are torchtitan 0.2's (tox -e titan02)", allow_module_level=True)
+
+
+def test_seed_failure_hop_side_effect_is_xfailed_and_its_eager_twin_passes(pytester):
+    """SimpleFSDP + EP 2 + selective AC: compiled fails with the HOP side-effect error, eager passes."""
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "-rx", "-k", "deepseek_v3-dp2-ep2 and ac_selective",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=1200)
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*simplefsdp: matrix/titan02-cpu.yaml profile=titan02-cpu target=titan02*",
+                                 "*known failure seed-ep-ac-compile-hop-side-effect "
+                                 "(https://github.com/pytorch/torchtitan/pull/2406)*"])
+    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    hop = cells["deepseek_v3-dp2-ep2-compiled-ac_selective"]
+    assert hop["failure_class"] == "compile" and hop["error_line"].startswith("torch._dynamo.exc.Unsupported: HOP")
+    eager = cells["deepseek_v3-dp2-ep2-eager-ac_selective"]
+    assert sorted(eager["losses"]) == ["1", "2", "3"] and eager["losses"]["3"] < eager["losses"]["1"]

@@ -1,0 +1,80 @@
+"""The CPU start-up shim: patch sets per generation, switches, and one patch checked against its reference."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pytest_simplefsdp.targets import SHIM_DIR
+
+
+def run_python(code, **env):
+    full = dict(os.environ, PYTHONPATH=str(SHIM_DIR), **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+def test_shim_says_what_it_applied_and_honours_skips():
+    out = run_python("pass", SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP="pp_step_microbatches")
+    assert out.returncode == 0, out.stderr
+    assert ("[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,set_timeout_alias,"
+            "dram_bandwidth_constant,cpu_sdpa_saved; skipped: pp_step_microbatches") in out.stderr
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SIMPLEFSDP_CPU_SHIM": "titan99"}, "SIMPLEFSDP_CPU_SHIM='titan99': known patch sets: titan03, titan02"),
+    ({"SIMPLEFSDP_CPU_SHIM": "titan02", "SIMPLEFSDP_CPU_SHIM_SKIP": "nope"}, "names unknown patches ['nope']"),
+])
+def test_bad_shim_settings_stop_the_rank(env, message):
+    out = run_python("pass", **env)
+    assert out.returncode != 0 and message in out.stderr
+
+
+def test_without_the_shim_setting_nothing_is_patched():
+    out = run_python("import torch._utils; print(torch._utils._get_available_device_type())")
+    assert "[simplefsdp-shim]" not in out.stderr and out.stdout.strip() == "None"
+
+
+def test_device_type_patch_makes_torch_answer_cpu():
+    out = run_python("import torch._utils; print(torch._utils._get_available_device_type())", SIMPLEFSDP_CPU_SHIM="titan03")
+    assert out.stdout.strip() == "cpu", out.stderr
+
+
+def test_fill_indices_replacement_matches_the_loop_reference():
+    """titan02's EP permutation: fixed-shape tensor ops give what 0.2's `.item()` loop gives."""
+    torch = pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("simplefsdp_shim", SHIM_DIR / "sitecustomize.py")
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+
+    class Module:
+        pass
+
+    kernels = Module()
+    shim.fill_indices_tensor_ops()
+    shim._AFTER_IMPORT.pop("torchtitan.models.moe.kernels")[-1](kernels)
+
+    def reference(tokens, starts, write_offsets, per_rank, ranks, max_len):
+        out = torch.full((max_len,), -1, dtype=torch.int32)
+        for e in range(per_rank):
+            write = int(write_offsets[e])
+            for r in range(ranks):
+                i = r * per_rank + e
+                length, start = int(tokens[i]), int(starts[i])
+                end = min(write + length, max_len)
+                if length > 0:
+                    out[write:end] = torch.arange(start, start + end - write, dtype=torch.int32)
+                write += length
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        per_rank, ranks = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
+        tokens = torch.randint(0, 6, (per_rank * ranks,), generator=g)
+        starts = torch.cumsum(tokens, 0) - tokens
+        sizes = (tokens.view(ranks, per_rank).sum(0).clamp_min(8) + 7) // 8 * 8
+        offsets = torch.cumsum(sizes, 0) - sizes
+        max_len = int(sizes.sum()) + int(torch.randint(0, 5, (1,), generator=g))
+        args = (tokens, starts, offsets, per_rank, ranks, max_len)
+        assert torch.equal(kernels.fill_indices_wrapper(*args), reference(*args))
