@@ -111,6 +111,12 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
 
 
+def _write_command(spec, launcher):
+    """command.txt: the one line that reruns the cell alone, outside pytest."""
+    spec.log_dir.mkdir(parents=True, exist_ok=True)
+    (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")
+
+
 def render_trace(trace_dir: Path, out: Path):
     """tlparse's multi-rank HTML of a TORCH_TRACE folder, where tlparse is installed."""
     exe = shutil.which("tlparse") or shutil.which("tlparse", path=str(Path(sys.executable).parent))
@@ -351,10 +357,10 @@ class MatrixSession:
         port = port or free_port()
         command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
                                      seed_folder=seed)
-        if run.matrix.tier == "trace":  # one process plays rank `trace.rank` of the cell's world
-            return LaunchSpec(cell.id, command, 1, cell_dir, self.cell_timeout(run), port, self.log_limit,
-                              first_rank=run.matrix.trace["rank"])
-        return LaunchSpec(cell.id, command, cell.world, cell_dir, self.cell_timeout(run), port, self.log_limit)
+        # the trace tier: one process plays rank `trace.rank` of the cell's world
+        nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == "trace" else (cell.world, 0)
+        return LaunchSpec(cell.id, command, nproc, cell_dir, self.cell_timeout(run), port, self.log_limit,
+                          first_rank=first)
 
     def launcher_for(self, run):
         """The trace tier runs one plain process (torchrun would reset RANK); otherwise the chosen one."""
@@ -389,9 +395,8 @@ class MatrixSession:
             return CellResult(cell.id, dict(cell.axes), status="failed", failure_class="infra", world=cell.world,
                               error_line=seed, error_text=seed)
         spec = self.spec_for(run, cell, seed=seed)
-        spec.log_dir.mkdir(parents=True, exist_ok=True)
         launcher = self.launcher_for(run)
-        (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")
+        _write_command(spec, launcher)
         if run.matrix.device == "cpu" and spec.nproc > self.max_ranks:
             outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launch_error=(
                 f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
@@ -404,8 +409,7 @@ class MatrixSession:
             taken = result.error_line
             shutil.rmtree(spec.log_dir)
             spec.port = free_port()
-            spec.log_dir.mkdir(parents=True)
-            (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")
+            _write_command(spec, launcher)
             result = build_result(cell, launcher.launch(spec), spec.log_dir, run.matrix.settings.get("steps"))
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
         if run.matrix.numerics and result.status == "passed":
