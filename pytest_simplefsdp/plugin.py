@@ -16,6 +16,7 @@ import platform
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port, kill_procs,
 from .matrix import MatrixError, load_matrix, with_tier
 from .numerics import compare, lane_for, mismatch_line, plot
 from .results import CellResult, build_result
+from .schedule import Packer
 from .verdict import could_apply, judge, load_known_failures, signature, update_file
 from .targets import ROOT, make_target
 
@@ -58,6 +60,9 @@ OPTIONS = [
                                        "imports torch and the target once and forks the ranks of every cell)"),
     ("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
                                   "under the rootdir)"),
+    ("jobs", "string", "1", "cells run at once: N or auto (as many as the ranks budget or the visible GPUs "
+                            "allow); GPU cells get disjoint CUDA_VISIBLE_DEVICES, CPU cells share a budget of "
+                            "--simplefsdp-max-ranks ranks (default: the cores)"),
     ("log-limit", "string", "512", "MB of logs a cell may write (all ranks together); past it the cell is "
                                    "stopped and its logs cut"),
     ("max-ranks", "string", None, "most ranks one CPU cell may start on this machine (default: one per GB of "
@@ -160,7 +165,19 @@ def _installed(package):
         return ""
 
 
+def _cuda_device_ids():
+    """The GPUs cells may use: CUDA_VISIBLE_DEVICES where it is set, else every GPU nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    return [str(i) for i in range(_nvidia_smi_gpus())]
+
+
 def _cuda_devices():
+    return len(_cuda_device_ids())
+
+
+def _nvidia_smi_gpus():
     if not shutil.which("nvidia-smi"):
         return 0
     import subprocess
@@ -262,6 +279,12 @@ class MatrixSession:
         self.log_limit = int(_number(config, "log-limit") * 2**20)
         max_ranks = _number(config, "max-ranks", None)
         self.max_ranks = int(max_ranks) if max_ranks else max(1, int(psutil.virtual_memory().available / 1e9))
+        jobs = str(option(config, "jobs") or "1")
+        if jobs != "auto" and not (jobs.isdigit() and int(jobs) > 0):
+            raise pytest.UsageError(f"--simplefsdp-jobs: expected a positive number or auto, got {jobs!r}")
+        self.jobs = jobs
+        self.packer = None
+        self.lock = threading.RLock()  # seeds, baselines and the results file, when cells run in threads
         try:
             tier = option(config, "tier")
             if tier not in ("real", "trace"):
@@ -379,14 +402,23 @@ class MatrixSession:
         self._write(record)
 
     def _write(self, record):
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
-        os.fsync(self.jsonl.fileno())
+        with self.lock:
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
+            os.fsync(self.jsonl.fileno())
 
-    def run_cell(self, run, cell):
-        if not run.prepared:
-            run.target.prepare()
-            run.prepared = True
+    def run_and_check(self, run, cell, devices=None):
+        """Run a cell and, where the matrix asks for it, compare its losses with its baseline."""
+        result = self.run_cell(run, cell, devices)
+        if run.matrix.numerics:
+            self.check_numerics(run, cell, result)
+        return result
+
+    def run_cell(self, run, cell, devices=None):
+        with self.lock:
+            if not run.prepared:
+                run.target.prepare()
+                run.prepared = True
         reused = self.baselines.get((run.name, _key(cell.axes)))
         if reused is not None and not isinstance(reused, str):  # it already ran as a baseline
             return dataclasses.replace(reused, id=cell.id, details=[f"same cell as baseline {reused.id}"])
@@ -395,6 +427,8 @@ class MatrixSession:
             return CellResult(cell.id, dict(cell.axes), status="failed", failure_class="infra", world=cell.world,
                               error_line=seed, error_text=seed)
         spec = self.spec_for(run, cell, seed=seed)
+        if devices is not None:
+            spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         launcher = self.launcher_for(run)
         _write_command(spec, launcher)
         if run.matrix.device == "cpu" and spec.nproc > self.max_ranks:
@@ -426,6 +460,10 @@ class MatrixSession:
         if not run.matrix.numerics or not run.target.seed_command or "model" not in cell.axes:
             return None
         key = (run.name, cell.axes["model"])
+        with self.lock:
+            return self._seed(run, cell, key)
+
+    def _seed(self, run, cell, key):
         if key not in self.seeds:
             folder = self.run_dir / value_id(run.matrix.profile) / f"seed-{cell.axes['model']}"
             command = run.target.seed_command(cell.axes["model"], folder)
@@ -467,6 +505,10 @@ class MatrixSession:
             if want and len(losses) != want:
                 return f"stored baseline {stored['id']} has {len(losses)} steps, this run trains {want}"
             return CellResult(stored["id"], stored["axes"], losses=losses, log_dir=stored.get("log_dir", ""))
+        with self.lock:
+            return self._baseline(run, base_axes, key)
+
+    def _baseline(self, run, base_axes, key):
         if key not in self.baselines:
             done = next((r for (name, _), r in self.results.items() if name == run.name and r.axes == base_axes
                          and r.failure_class is None), None)
@@ -575,6 +617,8 @@ class MatrixSession:
             tr.write_line(f"json report: {path}")
 
     def pytest_sessionfinish(self, session):
+        if self.packer:
+            self.packer.close()
         if hasattr(self.launcher, "close"):  # the fork servers end with the session
             self.launcher.close()
         leftovers = session_leftovers()  # the clean-up guarantee: nothing of this run may survive it
@@ -596,7 +640,17 @@ class MatrixSession:
         self.update_path = path
 
     def pytest_collection_finish(self, session):
-        self.selected = {(item.run.name, item.cell.id) for item in session.items if isinstance(item, CellItem)}
+        cells = [item for item in session.items if isinstance(item, CellItem)]
+        self.selected = {(item.run.name, item.cell.id) for item in cells}
+        if self.jobs != "1" and not self.dry_run and cells:
+            devices = _cuda_device_ids() if any(i.run.matrix.device == "cuda" for i in cells) else []
+            budget = int(_number(self.config, "max-ranks", None) or os.cpu_count() or 1)
+            jobs = len(cells) if self.jobs == "auto" else int(self.jobs)
+            self.packer = Packer(jobs, budget, devices)
+            for item in cells:
+                if not any(e.kind == "skip" for e in self.entries_for(item.run, item.cell)):
+                    self.packer.add(item.nodeid, item.cell.world,
+                                    lambda devs, item=item: self.run_and_check(item.run, item.cell, devs))
 
     def pytest_unconfigure(self, config):
         if self.jsonl is not None:
@@ -660,9 +714,10 @@ class CellItem(pytest.Item):
             self.user_properties.append(("known_failure", skip.id))
             pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
         start = time.monotonic()
-        result = state.run_cell(self.run, self.cell)
-        if self.run.matrix.numerics:
-            state.check_numerics(self.run, self.cell, result)
+        if state.packer:
+            result = state.packer.result(self.nodeid)
+        else:
+            result = state.run_and_check(self.run, self.cell)
         verdict = judge(result, entries, state.gate)
         result.signature = signature(result.error_text or result.error_line)
         result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky

@@ -117,11 +117,12 @@ def last_exception(text):
 
 
 def fallback_error(text):
+    """The last error-looking line of a log without a traceback, else what it printed last."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
         if ERRORISH.search(line) and not line.startswith("[titan]"):
             return line
-    return lines[-1] if lines else None
+    return f"no error message; last line: {lines[-1]}" if lines else None
 
 
 def classify(error_line, frames, exit_code):

@@ -40,6 +40,7 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
     os.makedirs(folder, exist_ok=True)
+    started = time.time()
     time.sleep(a.startup)
     print(f"fake rank {rank}/{world} pid {os.getpid()} mode {a.mode}", flush=True)
     if a.mode == "noresult":
@@ -73,6 +74,8 @@ def main():
         barrier(folder, step, rank, world)
         print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  grad_norm: 1.0",
               flush=True)
+    with open(os.path.join(a.dump, f"times.rank{rank}"), "w") as f:  # for the packing tests
+        f.write(f"{started} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
     return 0
 
 

@@ -1,0 +1,56 @@
+"""--simplefsdp-jobs: cells run at once within the budget; GPUs are handed out disjointly."""
+
+import itertools
+import json
+import os
+
+from conftest import fake_matrix
+
+
+def intervals(run_json):
+    """cell id -> (start, end, devices) from the fake ranks' time stamps."""
+    out = {}
+    for cell in json.loads(run_json.read_text())["runs"][0]["cells"]:
+        dump = os.path.join(cell["log_dir"], "dump")
+        stamps = [open(os.path.join(dump, f)).read().split() for f in os.listdir(dump) if f.startswith("times.")]
+        if not stamps:  # a cell that failed before its end
+            continue
+        out[cell["id"]] = (min(float(s[0]) for s in stamps), max(float(s[1]) for s in stamps),
+                           {d for s in stamps if len(s) > 2 for d in s[2].split(",")})
+    return out
+
+
+def overlap(a, b):
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_cells_run_at_once_within_the_ranks_budget(run_matrix, pytester):
+    out = pytester.path / "run.json"
+    text = fake_matrix(modes=["pass", "perturb", "nan", "fail"], args=', "--startup", "1.5"')
+    result = run_matrix(text, "--simplefsdp-jobs=auto", "--simplefsdp-max-ranks=4", f"--simplefsdp-json={out}")
+    result.assert_outcomes(passed=2, failed=2)  # verdicts as without packing
+    result.stdout.fnmatch_lines(["*nan-r2: [[]numerics[]] loss is nan at step 2*", "*fail-r2: [[]runtime[]]*"])
+    spans = intervals(out)
+    assert overlap(spans["pass-r2"], spans["perturb-r2"])  # 2 + 2 ranks fit the budget of 4
+    for a, b, c in itertools.combinations(spans.values(), 3):  # never three 2-rank cells at once
+        assert not (overlap(a, b) and overlap(b, c) and overlap(a, c))
+
+
+def test_gpu_cells_get_disjoint_devices(run_matrix, pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    out = pytester.path / "run.json"
+    text = fake_matrix(modes=["pass", "perturb", "exit3"], ranks=[1, 2], args=', "--startup", "1.5"').replace(
+        "device: cpu", "device: cuda")
+    result = run_matrix(text, "--simplefsdp-jobs=auto", f"--simplefsdp-json={out}")
+    result.assert_outcomes(passed=5, failed=1)  # exit3 misbehaves on rank 1: the 1-rank cell passes
+    spans = intervals(out)
+    for (ida, a), (idb, b) in itertools.combinations(spans.items(), 2):
+        if overlap(a, b):
+            assert not (a[2] & b[2]), (ida, idb, a[2], b[2])
+    assert any(overlap(a, b) for a, b in itertools.combinations(spans.values(), 2))
+    assert all(len(s[2]) == int(cid[-1]) for cid, s in spans.items() if not cid.startswith("exit3"))
+
+
+def test_bad_jobs_value(run_matrix):
+    result = run_matrix(fake_matrix(), "--simplefsdp-jobs=many")
+    result.stderr.fnmatch_lines(["*--simplefsdp-jobs: expected a positive number or auto, got 'many'*"])
