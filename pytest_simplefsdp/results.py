@@ -23,6 +23,8 @@ COMPILE_FRAMES = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "to
                   "graph_trainer/compile", "graph_trainer/passes", "graph_trainer/jit_backend")
 COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "InductorError", "BackendCompilerFailed",
                  "torch.fx.experimental.symbolic_shapes")
+# frames every eager call through a `torch._disable_dynamo` wrapper (e.g. checkpoint) shows
+DISABLE_WRAPPERS = ("torch/_dynamo/eval_frame.py", "torch/_compile.py")
 CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", "configs.py\", line",
                  "validate_config")
 CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is not a valid")
@@ -105,12 +107,14 @@ def last_exception(text):
         return None
     first = lines[i].strip()
     message = [first]
-    for line in lines[i + 1:]:
+    for prev, line in zip(lines[i:], lines[i + 1:i + 60]):  # dynamo's messages have single blank lines
         stripped = line.strip()
-        if (not stripped or stripped.startswith(("[titan]", "[rank", TRACEBACK)) or stripped.startswith(CHAIN_MARKERS)
-                or re.match(r"^\[?[A-Z]\d{4} ", stripped)):
+        if ((not stripped and not prev.strip()) or stripped.startswith(("[titan]", "[rank", TRACEBACK))
+                or stripped.startswith(CHAIN_MARKERS) or re.match(r"^\[?[A-Z]\d{4} ", stripped)):
             break
         message.append(line.rstrip())
+    while message and not message[-1].strip():
+        message.pop()
     # all frames of the log's tracebacks help classification (chained exceptions)
     all_frames = "\n".join(line for line in lines if line.startswith("  File "))
     return first, "\n".join(message), all_frames
@@ -131,7 +135,9 @@ def classify(error_line, frames, exit_code):
     text = error_line or ""
     if any(t in text for t in CONFIG_TEXT) or any(f in frames for f in CONFIG_FRAMES):
         return "invalid_config"
-    if text.startswith(COMPILE_TYPES) or any(f in frames for f in COMPILE_FRAMES):
+    compile_frames = [line for line in frames.splitlines() if any(f in line for f in COMPILE_FRAMES)
+                      and not any(w in line for w in DISABLE_WRAPPERS)]
+    if text.startswith(COMPILE_TYPES) or compile_frames:
         return "compile"
     return "runtime"
 

@@ -46,7 +46,7 @@ def signature(error_text: str | None) -> str:
     text = re.sub(r"(?<![\w.])(/[\w.\-+]+)+/?", "<path>", text)
     text = re.sub(r"\d+", "N", text)
     text = re.sub(r"\s+", " ", text).strip()
-    return text[:600]
+    return text[:2000]
 
 
 @dataclass

@@ -1,0 +1,48 @@
+"""Log parsing on real rank logs (tests/data: stderr of real CPU cells, cut to the last traceback)."""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_simplefsdp.results import CRASH_HINT, classify, last_exception, parse_losses, read_text
+from pytest_simplefsdp.verdict import signature
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("log, line, cls", [
+    ("titan02_hop_side_effect.log", "torch._dynamo.exc.Unsupported: HOP: Unsafe side effect", "compile"),
+    # an eager cell: `torch._disable_dynamo` wrappers put eval_frame.py on its stack; still not compile
+    ("titan02_eager_ac_batch_mismatch.log", "RuntimeError: matrix batch sizes have to match", "runtime"),
+    ("titan03_graphpp_none_grad.log", "TypeError: _dtensor__new__(): argument 'local_tensor' (position 2) must be "
+                                      "Tensor, not NoneType", "runtime"),
+])
+def test_exception_line_and_class_from_real_logs(log, line, cls):
+    text = read_text([DATA / log])
+    assert "[rank" not in text.split("Traceback")[1][:200]  # torchrun's per-line prefix is gone
+    first, message, frames = last_exception(text)
+    assert first == line
+    assert classify(first, frames, 1) == cls
+
+
+def test_hop_signature_keeps_the_explanation():
+    _, message, _ = last_exception(read_text([DATA / "titan02_hop_side_effect.log"]))
+    sig = signature(message)
+    assert sig.startswith("torch._dynamo.exc.Unsupported: HOP: Unsafe side effect")
+    assert "Mutating a variable from outside the scope of this HOP is not supported" in sig
+    assert "ExpertParallel" in sig
+    assert "in _token_dispatch self.input_splits = input_splits.tolist()" in sig  # the seed's trigger line
+
+
+def test_native_crash_hint_and_losses():
+    text = read_text([DATA / "titan03_gloo_abort.log"])
+    assert [m.group(0) for m in CRASH_HINT.finditer(text)] == ["terminate called without an active exception"]
+    assert parse_losses(text) == {1: 8.02984}
+    assert classify("rank 3 killed by SIGABRT", "", -6) == "crash"
+
+
+def test_losses_with_colours_nan_and_repeats():
+    text = ("\x1b[31mstep:  1  loss:  8.09302  grad_norm: 1\x1b[39m\n"
+            "step:  1  loss:  9.00000\nstep:  2  loss:     nan  grad_norm: nan\n")
+    losses = parse_losses(read_text([]) + text)
+    assert losses[1] == 8.09302 and losses[2] != losses[2]
