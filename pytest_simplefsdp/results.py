@@ -107,10 +107,13 @@ def last_exception(text):
         return None
     first = lines[i].strip()
     message = [first]
-    for prev, line in zip(lines[i:], lines[i + 1:i + 60]):  # dynamo's messages have single blank lines
+    sections = first.startswith("torch._dynamo.exc.")  # dynamo's messages have sections and blank lines
+    for prev, line in zip(lines[i:], lines[i + 1:i + 60]):
         stripped = line.strip()
-        if ((not stripped and not prev.strip()) or stripped.startswith(("[titan]", "[rank", TRACEBACK))
-                or stripped.startswith(CHAIN_MARKERS) or re.match(r"^\[?[A-Z]\d{4} ", stripped)):
+        if ((not stripped and not (sections and prev.strip()))
+                or (not sections and not line.startswith((" ", "\t")))  # another process's output
+                or stripped.startswith(("[titan]", "[rank", TRACEBACK)) or stripped.startswith(CHAIN_MARKERS)
+                or re.match(r"^\[?[A-Z]\d{4} ", stripped)):
             break
         message.append(line.rstrip())
     while message and not message[-1].strip():
