@@ -94,7 +94,7 @@ def pytest_addoption(parser):
                             help=help_text)
         else:
             group.addoption(f"--simplefsdp-{name}", default=None, dest=dest, help=help_text + f" [ini: {dest}]")
-        parser.addini(dest, help=help_text, type=kind if kind != "string" else "string", default=default)
+        parser.addini(dest, help=help_text, type=kind, default=default)
 
 
 def option(config, name):

@@ -125,6 +125,16 @@ class Titan03:
             sys.path.remove(str(FIXTURES))
         assets.ensure_assets(self.assets)
 
+    def degree_args(self, axes):
+        """The parallelism flags of a cell (their names are the same in 0.2 and 0.3)."""
+        args = []
+        for axis, flag in self.DEGREE_FLAGS.items():
+            if axis in axes:
+                args += [f"--parallelism.{flag}", str(axes[axis])]
+        if axes.get("pp", 1) > 1:
+            args += ["--parallelism.pipeline_parallel_schedule", axes["pp_schedule"]]
+        return args
+
     def baseline_axes(self, axes):
         """A cell's numerics baseline: same model and data-parallel degree (so the same data
         shards), SimpleFSDP alone (every other degree 1), plus the matrix's baseline values."""
@@ -161,12 +171,7 @@ class Titan03:
             config = facts["eager_pp_config"]  # GraphPP needs aot_fx_trace; otherwise the eager splitter
         elif a.get("cp", 1) > 1 and facts.get("cp_config"):
             config = facts["cp_config"]
-        args = ["--module", facts["module"], "--config", config]
-        for axis, flag in self.DEGREE_FLAGS.items():
-            if axis in a:
-                args += [f"--parallelism.{flag}", str(a[axis])]
-        if a.get("pp", 1) > 1:
-            args += ["--parallelism.pipeline_parallel_schedule", a["pp_schedule"]]
+        args = ["--module", facts["module"], "--config", config, *self.degree_args(a)]
         if compile_mode == "eager":
             args += ["--compile.mode", "None"]
         else:
@@ -234,12 +239,7 @@ class Titan02(Titan03):
         a, s = cell.axes, self.matrix.settings
         facts = self.matrix.models[a["model"]]
         args = ["--job.config_file", str(self.JOB_TOML), "--model.name", facts["name"],
-                "--model.flavor", facts["flavor"]]
-        for axis, flag in self.DEGREE_FLAGS.items():
-            if axis in a:
-                args += [f"--parallelism.{flag}", str(a[axis])]
-        if a.get("pp", 1) > 1:
-            args += ["--parallelism.pipeline_parallel_schedule", a["pp_schedule"]]
+                "--model.flavor", facts["flavor"], *self.degree_args(a)]
         if a.get("compile", "eager") == "compiled":
             args += ["--compile.enable", "--compile.backend", a.get("backend", s.get("compile_backend", "aot_eager"))]
         args += ["--activation_checkpoint.mode", a.get("ac", "none")]
