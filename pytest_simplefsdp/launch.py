@@ -1,12 +1,14 @@
 """Step 3: launch one cell's ranks, watch them, and leave no process behind.
 
-Two launchers share one supervisor:
+Three launchers share one supervisor:
 
 * ``torchrun`` — the reference: exactly ``torchrun --nproc-per-node N ... -m torchtitan.train``,
   as a user would type it; torchrun writes one log per rank.
 * ``local`` — the runner starts the N rank processes itself with the environment torchrun
   would give them (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...). No torch import in
   the runner, so it suits fast fake targets and 1-rank cells.
+* ``fork`` — a server imports torch and the target once and forks fresh ranks for every cell
+  (forkserver.py); programs that are not ``python -m module`` run under ``local`` instead.
 
 Every process of a cell carries ``SIMPLEFSDP_CELL=<token>`` in its environment. After the cell
 (and on a timeout, after a stack dump through SIGUSR1) everything carrying the token is killed,
@@ -15,11 +17,11 @@ and anything that had to be killed after a clean finish is reported as a survivo
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
 import socket
-import json
 import subprocess
 import sys
 import threading
@@ -90,15 +92,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def cell_processes(token: str):
