@@ -54,14 +54,15 @@ def test_smoke_tier_runs_real_cells(pytester):
 def test_failing_compile_cell_is_xfailed_with_its_trace_rendered(pytester):
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-rx",
-                                           "-k", "llama3-pp2-Interleaved1F1B-aot_fx_trace",
+                                           "-k", "deepseek_v3-tp2-pp2-Interleaved1F1B-aot_fx_trace",
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                                            timeout=900)
     result.assert_outcomes(xfailed=1)
-    result.stdout.fnmatch_lines(["*known failure graphpp-pure-pp-unsharded-grad "
-                                 "(https://github.com/pytorch/torchtitan/pull/3089)*"])
+    result.stdout.fnmatch_lines(["*known failure graphpp-tp-backward-only-inputs "
+                                 "(https://github.com/pytorch/torchtitan/issues/3780)*"])
     cell = json.loads(out.read_text())["runs"][0]["cells"][0]
-    assert cell["known_failure"] == "graphpp-pure-pp-unsharded-grad" and cell["failing_rank"] == 0
+    assert cell["known_failure"] == "graphpp-tp-backward-only-inputs" and cell["failure_class"] == "compile"
+    assert cell["error_line"].startswith("ValueError: Forward graph outputs require backward-only inputs")
     assert Path(cell["log_dir"], "torch_trace").is_dir()
     if shutil.which("tlparse") or Path(sys.executable).with_name("tlparse").exists():
         assert cell["trace_html"] and Path(cell["trace_html"]).name == "index.html"
