@@ -242,6 +242,16 @@ class MatrixRun:
     def labels(self, axes):
         return _labels(self.matrix, axes)
 
+    def record_of(self, result):
+        """A result as stored and reported: its record plus its table row and column."""
+        rec = result.record()
+        rec["row"], rec["column"] = self.labels(result.axes)
+        return rec
+
+    def dropped_records(self):
+        return [{"id": d.id, "axes": d.axes, "rule": d.rule, "reason": d.reason,
+                 **dict(zip(("row", "column"), self.labels(d.axes)))} for d in self.dropped]
+
     def env(self):
         """What known-failure conditions can name besides axes."""
         v = versions()
@@ -395,10 +405,8 @@ class MatrixSession:
             self.jsonl = open(self.run_dir / "results.jsonl", "a")
             for run in self.runs:
                 self._write(run.meta(self.launcher.name))
-                for d in run.dropped:
-                    row, col = run.labels(d.axes)
-                    self._write({"type": "dropped", "matrix": run.name, "id": d.id, "axes": d.axes,
-                                 "rule": d.rule, "reason": d.reason, "row": row, "column": col})
+                for rec in run.dropped_records():
+                    self._write({"type": "dropped", "matrix": run.name, **rec})
         self._write(record)
 
     def _write(self, record):
@@ -542,9 +550,8 @@ class MatrixSession:
     def record(self, run, result, kind="cell"):
         if kind == "cell":
             self.results[(run.name, result.id)] = result
-        rec = result.record()
+        rec = run.record_of(result)
         rec.update(type=kind, matrix=run.name)
-        rec["row"], rec["column"] = run.labels(result.axes)
         Path(result.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
         self._store(rec)
@@ -554,23 +561,13 @@ class MatrixSession:
     def document(self):
         runs = []
         for run in self.runs:
-            cells = []
-            for cell in run.cells:
-                res = self.results.get((run.name, cell.id))
-                if res is not None:
-                    rec = res.record()
-                    rec["row"], rec["column"] = run.labels(cell.axes)
-                    cells.append(rec)
-            dropped = []
-            for d in run.dropped:
-                row, col = run.labels(d.axes)
-                dropped.append({"id": d.id, "axes": d.axes, "rule": d.rule, "reason": d.reason,
-                                "row": row, "column": col})
+            cells = [run.record_of(self.results[(run.name, c.id)]) for c in run.cells
+                     if (run.name, c.id) in self.results]
             meta = run.meta(self.launcher.name)
             meta.pop("type")
             baselines = [r.record() for (name, _), r in self.baselines.items()
                          if name == run.name and not isinstance(r, str)]
-            runs.append({"meta": meta, "cells": cells, "dropped": dropped, "baselines": baselines})
+            runs.append({"meta": meta, "cells": cells, "dropped": run.dropped_records(), "baselines": baselines})
         return {"runs": runs}
 
     def pytest_terminal_summary(self, terminalreporter):
