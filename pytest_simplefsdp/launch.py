@@ -50,6 +50,7 @@ class LaunchSpec:
     port: int
     log_limit_bytes: int = 512 * 2**20
     first_rank: int = 0  # ranks first_rank .. first_rank+nproc-1 run here (the trace tier runs one)
+    device: str = "cpu"  # the profile's device (a scheduler asks for GPUs for cuda cells)
 
 
 @dataclass
@@ -210,14 +211,26 @@ class _Supervisor:
         ``alive_ranks()`` names the ranks still running (default: the keys of live procs)."""
         start = time.monotonic()
         try:
-            self._watch(procs, on_first_failure, alive_ranks, start + self.spec.timeout)
+            self._watch(procs, on_first_failure, alive_ranks, start)
         except BaseException:  # Ctrl-C / SIGTERM of the runner: leave nothing behind
             self.kill(grace=1.0)
             raise
         self.outcome.wall = time.monotonic() - start
         self.outcome.survivors = self.kill()
 
-    def _watch(self, procs, on_first_failure, alive_ranks, deadline):
+    def deadline(self, start, now):
+        """When the cell counts as hung (a scheduler's launcher starts the clock later)."""
+        return start + self.spec.timeout
+
+    def on_deadline(self, procs, alive_ranks):
+        """The cell ran past its timeout: dump every rank's stack, note who was still running, stop it."""
+        self.outcome.timed_out = True
+        self.dump_stacks()
+        self.outcome.stuck_ranks = sorted(alive_ranks() if alive_ranks else
+                                          (k for k in procs if k not in self.outcome.exit_codes))
+        self.kill()
+
+    def _watch(self, procs, on_first_failure, alive_ranks, start):
         self._listed, self._logs = -1e9, []
         while True:
             for key, p in procs.items():
@@ -229,12 +242,8 @@ class _Supervisor:
             if len(self.outcome.exit_codes) == len(procs):
                 break
             now = time.monotonic()
-            if now > deadline:
-                self.outcome.timed_out = True
-                self.outcome.stuck_ranks = sorted(alive_ranks() if alive_ranks else
-                                                  (k for k in procs if k not in self.outcome.exit_codes))
-                self.dump_stacks()
-                self.kill()
+            if now > self.deadline(start, now):
+                self.on_deadline(procs, alive_ranks)
                 for key, p in procs.items():
                     self.outcome.exit_codes.setdefault(key, p.wait())
                 break
@@ -258,7 +267,7 @@ class LocalLauncher:
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
         ranks = " & ".join(
             f"RANK={spec.first_rank + r} LOCAL_RANK={r} WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
-            f"MASTER_ADDR=127.0.0.1 MASTER_PORT={spec.port} {env} {shlex.join(spec.command.argv)}"
+            f"MASTER_ADDR=127.0.0.1 MASTER_PORT={spec.port} {env + ' ' if env else ''}{shlex.join(spec.command.argv)}"
             for r in range(spec.nproc))
         return f"{cd}{ranks} & wait"
 
@@ -322,10 +331,11 @@ class TorchrunLauncher:
 
     name = "torchrun"
 
-    def torchrun_argv(self, spec: LaunchSpec):
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc}",
-                "--master-addr=127.0.0.1", f"--master-port={spec.port}", "--max-restarts=0",
-                f"--log-dir={spec.log_dir / 'torchrun'}", "--redirects=3"]
+    def torchrun_argv(self, spec: LaunchSpec, nproc=None, addr="127.0.0.1", log_dir=None, nodes=()):
+        """torchrun for the cell; ``nodes``: extra rendezvous options of a multi-node run."""
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc or spec.nproc}",
+                *nodes, f"--master-addr={addr}", f"--master-port={spec.port}", "--max-restarts=0",
+                f"--log-dir={log_dir or spec.log_dir / 'torchrun'}", "--redirects=3"]
         module = _python_module(spec.command.argv)
         if module:
             return argv + ["-m", module[0], *module[1]]

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import signal
 import sys
@@ -26,6 +27,7 @@ import pytest
 from . import report
 from .cells import Cell, cell_id, expand, id_parts, value_id, world_size
 from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port, kill_procs, session_leftovers
+from .launch_slurm import SlurmLauncher, SlurmOptions, check_cluster
 from .matrix import MatrixError, load_matrix, with_tier
 from .numerics import compare, lane_for, mismatch_line, plot
 from .results import CellResult, build_result
@@ -56,8 +58,18 @@ OPTIONS = [
     ("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
                              "first error line, failing rank, wall time, log dir) to this JSON file"),
     ("launcher", "string", "torchrun", "how ranks are started: torchrun (reference), local (the runner "
-                                       "starts each rank with torchrun's environment) or fork (a server "
-                                       "imports torch and the target once and forks the ranks of every cell)"),
+                                       "starts each rank with torchrun's environment), fork (a server "
+                                       "imports torch and the target once and forks the ranks of every cell) "
+                                       "or slurm (every cell is one srun job step; see --simplefsdp-slurm-*)"),
+    ("slurm-partition", "string", None, "slurm launcher: the partition the cells' steps run in (srun --partition)"),
+    ("slurm-account", "string", None, "slurm launcher: the account charged (srun --account)"),
+    ("slurm-args", "string", None, "slurm launcher: more srun options, as one shell-quoted string "
+                                   "(e.g. \"--qos=high --cpus-per-task=16\")"),
+    ("slurm-ranks-per-node", "string", None, "slurm launcher: most ranks one node runs; larger cells span "
+                                             "nodes (default: 8 for GPU profiles, one node for CPU profiles)"),
+    ("slurm-queue-timeout", "string", "3600", "slurm launcher: seconds a cell may wait in SLURM's queue before "
+                                              "it is withdrawn and reported as not scheduled (its --simplefsdp-"
+                                              "timeout counts from the step's start)"),
     ("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
                                   "under the rootdir)"),
     ("jobs", "string", "1", "cells run at once: N or auto (as many as the ranks budget or the visible GPUs "
@@ -189,6 +201,28 @@ def _nvidia_smi_gpus():
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
+def _launcher(config, dry_run):
+    name = option(config, "launcher")
+    known = [*LAUNCHERS, "slurm"]
+    if name not in known:
+        raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {name!r}; known: {', '.join(known)}")
+    if name != "slurm":
+        return LAUNCHERS[name]()
+    try:
+        extra = shlex.split(option(config, "slurm-args") or "")
+    except ValueError as e:
+        raise pytest.UsageError(f"--simplefsdp-slurm-args: {e}: {option(config, 'slurm-args')!r}") from None
+    per_node = _number(config, "slurm-ranks-per-node", None)
+    if per_node is not None and per_node != int(per_node):
+        raise pytest.UsageError(f"--simplefsdp-slurm-ranks-per-node: not a whole number: {per_node}")
+    options = SlurmOptions(option(config, "slurm-partition"), option(config, "slurm-account"), extra,
+                           int(per_node) if per_node else None, _number(config, "slurm-queue-timeout", 3600))
+    problem = None if dry_run else check_cluster(options)
+    if problem:
+        raise pytest.UsageError(problem)
+    return SlurmLauncher(options)
+
+
 def matrix_files(config):
     files = option(config, "matrix-file")
     if files:
@@ -279,11 +313,8 @@ class MatrixSession:
     def __init__(self, config):
         self.config = config
         self.dry_run = bool(option(config, "dry-run"))
-        launcher = option(config, "launcher")
-        if launcher not in LAUNCHERS:
-            raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {launcher!r}; "
-                                    f"known: {', '.join(LAUNCHERS)}")
-        self.launcher = LAUNCHERS[launcher]()
+        self.launcher = _launcher(config, self.dry_run)
+        self.scheduled = isinstance(self.launcher, SlurmLauncher)  # SLURM places the ranks, not this host
         self.timeout = _number(config, "timeout", None)
         self.cache_dir = config.rootpath / ".simplefsdp"
         self.log_limit = int(_number(config, "log-limit") * 2**20)
@@ -307,7 +338,7 @@ class MatrixSession:
                 problem = run.target.check_installed()
                 if problem:
                     raise pytest.UsageError(problem)
-                if run.matrix.device == "cuda":  # (the trace tier runs on CPU)
+                if run.matrix.device == "cuda" and not self.scheduled:  # (the trace tier runs on CPU)
                     need = max(c.world for c in run.cells) if run.cells else 0
                     have = _cuda_devices()
                     if have < need:
@@ -393,7 +424,7 @@ class MatrixSession:
         # the trace tier: one process plays rank `trace.rank` of the cell's world
         nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == "trace" else (cell.world, 0)
         return LaunchSpec(cell.id, command, nproc, cell_dir, self.cell_timeout(run), port, self.log_limit,
-                          first_rank=first)
+                          first_rank=first, device=run.matrix.device if run.matrix.tier == "real" else "cpu")
 
     def launcher_for(self, run):
         """The trace tier runs one plain process (torchrun would reset RANK); otherwise the chosen one."""
@@ -439,7 +470,7 @@ class MatrixSession:
             spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         launcher = self.launcher_for(run)
         _write_command(spec, launcher)
-        if run.matrix.device == "cpu" and spec.nproc > self.max_ranks:
+        if run.matrix.device == "cpu" and spec.nproc > self.max_ranks and not isinstance(launcher, SlurmLauncher):
             outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launch_error=(
                 f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
                 f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
@@ -642,6 +673,8 @@ class MatrixSession:
         if self.jobs != "1" and not self.dry_run and cells:
             devices = _cuda_device_ids() if any(i.run.matrix.device == "cuda" for i in cells) else []
             budget = int(_number(self.config, "max-ranks", None) or os.cpu_count() or 1)
+            if self.scheduled:  # SLURM hands out nodes and GPUs; only the number of cells at once is ours
+                devices, budget = [], math.inf
             jobs = len(cells) if self.jobs == "auto" else int(self.jobs)
             self.packer = Packer(jobs, budget, devices)
             for item in cells:

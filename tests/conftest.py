@@ -1,5 +1,7 @@
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -62,3 +64,36 @@ def marked(prefix):
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return found
+
+
+
+SLURM_UP = Path(__file__).parent / "slurm" / "up.sh"
+
+
+@pytest.fixture(scope="session")
+def slurm_conf():
+    """A running single-node SLURM (tests/slurm/up.sh starts it on loopback); skips where it can't run."""
+    proc = subprocess.run(["bash", str(SLURM_UP)], capture_output=True, text=True, timeout=180)
+    if proc.returncode == 3:  # not installed, or not root: the tests that need it can't run here
+        pytest.skip(f"no SLURM here: {proc.stderr.strip()} (CI installs it: tests/slurm/up.sh --install)")
+    assert proc.returncode == 0, f"tests/slurm/up.sh failed:\n{proc.stdout}{proc.stderr}"
+    return proc.stdout.strip().rpartition("SLURM_CONF=")[2]
+
+
+@pytest.fixture
+def slurm(slurm_conf, monkeypatch):
+    """SLURM_CONF for this test's srun/squeue calls and the pytest runs it starts; no job may outlive it."""
+    monkeypatch.setenv("SLURM_CONF", slurm_conf)
+    yield slurm_conf
+    assert not slurm_jobs(), "the test left SLURM jobs behind"
+
+
+def slurm_jobs(wait=20.0):
+    """(job id, name, state) of the plugin's jobs in SLURM's queue, once ending ones had `wait` s to go."""
+    deadline = time.monotonic() + wait
+    while True:
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T"], capture_output=True, text=True).stdout
+        jobs = [tuple(line.split("|")) for line in out.splitlines() if "|simplefsdp:" in line]
+        if not jobs or time.monotonic() > deadline:
+            return jobs
+        time.sleep(0.5)

@@ -28,7 +28,7 @@ def barrier(folder, step, rank, world):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mode", default="pass")
-    p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
+    p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves (-1: the last)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--dump", required=True)
     p.add_argument("--error", default="RuntimeError: fake failure on purpose")
@@ -48,7 +48,7 @@ def main():
     if a.mode == "orphan" and rank == 0:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     for step in range(1, a.steps + 1):
-        me = rank == a.rank and step == a.at_step
+        me = rank == a.rank % world and step == a.at_step
         if me and a.mode == "fail":
             kind, _, msg = a.error.partition(": ")
             exc = {"RuntimeError": RuntimeError, "ValueError": ValueError, "AssertionError": AssertionError}
