@@ -1,3 +1,4 @@
+import signal
 import subprocess
 import sys
 import textwrap
@@ -52,6 +53,12 @@ def run_matrix(pytester):
 @pytest.fixture
 def python():
     return sys.executable
+
+
+def interruptible():
+    """preexec_fn of a pytest run that a test interrupts: SIGINT as a terminal delivers it (a background
+    job of a non-interactive shell, as CI may be, starts with SIGINT ignored, and Python keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def marked(prefix):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix, marked
+from conftest import FAKE_RANK, fake_matrix, interruptible, marked
 from pytest_simplefsdp import launch
 from pytest_simplefsdp.launch import MARKER, LaunchSpec, TorchrunLauncher, kill_procs, session_leftovers
 from pytest_simplefsdp.results import build_result
@@ -66,13 +66,17 @@ def test_ctrl_c_stops_the_cell_and_keeps_finished_results(pytester):
     path.write_text(fake_matrix(modes=["pass", "hang"], timeout=600))
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
                              "--simplefsdp-launcher=local", f"--simplefsdp-artifacts={pytester.path / 'runs'}"],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while not marked("hang-r2") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=interruptible)
+    try:
+        deadline = time.monotonic() + 60
+        while not marked("hang-r2") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert proc.returncode == pytest.ExitCode.INTERRUPTED
     assert "pass      pass" in out and "KeyboardInterrupt" in out  # the partial table
     records = [json.loads(line) for line in (pytester.path / "runs" / "results.jsonl").read_text().splitlines()]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import fake_matrix, slurm_jobs
+from conftest import fake_matrix, interruptible, slurm_jobs
 from pytest_simplefsdp.launch import LaunchSpec
 from pytest_simplefsdp.launch_slurm import SlurmLauncher, SlurmOptions
 from pytest_simplefsdp.targets import RankCommand
@@ -121,7 +121,8 @@ def start(pytester, text, *args):
     return subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
                              "--simplefsdp-launcher=slurm", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                              "-p", "no:cacheprovider", *args],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=interruptible)
 
 
 def wait_for_running(names, timeout=60):

@@ -48,7 +48,7 @@ def main():
     if a.mode == "orphan" and rank == 0:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     for step in range(1, a.steps + 1):
-        me = rank == a.rank % world and step == a.at_step
+        me = rank == (a.rank if a.rank >= 0 else world + a.rank) and step == a.at_step
         if me and a.mode == "fail":
             kind, _, msg = a.error.partition(": ")
             exc = {"RuntimeError": RuntimeError, "ValueError": ValueError, "AssertionError": AssertionError}

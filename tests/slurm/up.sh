@@ -21,16 +21,21 @@ done
 [[ $(id -u) == 0 ]] || { echo "up.sh: the SLURM daemons are started as root" >&2; exit 3; }
 export SLURM_CONF=$state/slurm.conf
 nodes=${SIMPLEFSDP_SLURM_NODES:-2}
-if pgrep -x slurmctld >/dev/null && [[ -f $SLURM_CONF ]] \
-        && [[ $(sinfo -h -o %D 2>/dev/null) == "$nodes" ]] && sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then
+munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
+nodes_up() { [[ $(sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)') == "$nodes" ]]; }
+if ! munge_ok; then  # (a munged that is ending, or a stale socket, counts as not running)
+    mkdir -p /run/munge
+    chown munge:munge /run/munge
+    [[ -s /etc/munge/munge.key ]] || { mungekey --create 2>/dev/null || create-munge-key -f; }
+    pkill -x munged 2>/dev/null && sleep 1
+    runuser -u munge -- munged --force
+    for _ in $(seq 20); do munge_ok && break; sleep 0.5; done
+    munge_ok || { echo "up.sh: munged does not answer (munge -n | unmunge)" >&2; exit 4; }
+fi
+if pgrep -x slurmctld >/dev/null && [[ -f $SLURM_CONF ]] && nodes_up; then
     echo "up.sh: SLURM already up" >&2; echo "SLURM_CONF=$SLURM_CONF"; exit 0
 fi
-mkdir -p "$state"/ctld /run/munge
-chown munge:munge /run/munge
-if ! pgrep -x munged >/dev/null; then
-    [[ -s /etc/munge/munge.key ]] || { mungekey --create 2>/dev/null || create-munge-key -f; }
-    runuser -u munge -- munged
-fi
+mkdir -p "$state"/ctld
 host=$(hostname -s)
 cpus=$(nproc)
 mem=$(( ($(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024) / nodes ))
@@ -66,10 +71,10 @@ CONF
 pkill -x slurmctld 2>/dev/null || true
 pkill -x slurmd 2>/dev/null || true
 sleep 1
-slurmctld -f "$SLURM_CONF" -i
+slurmctld -f "$SLURM_CONF" -c -i  # a clean start: no jobs of an earlier run
 for n in $(seq "$nodes"); do mkdir -p "$state/spool-n$n"; slurmd -f "$SLURM_CONF" -N "n$n"; done
 for _ in $(seq 60); do
-    if [[ $(sinfo -h -N -o %T 2>/dev/null | grep -cE '^(idle|mixed|allocated)') == "$nodes" ]]; then
+    if nodes_up; then
         echo "up.sh: SLURM up: nodes n[1-$nodes] on $host, $cpus CPUs each" >&2
         echo "SLURM_CONF=$SLURM_CONF"; exit 0
     fi
