@@ -673,7 +673,8 @@ class MatrixSession:
         if self.jobs != "1" and not self.dry_run and cells:
             devices = _cuda_device_ids() if any(i.run.matrix.device == "cuda" for i in cells) else []
             budget = int(_number(self.config, "max-ranks", None) or os.cpu_count() or 1)
-            if self.scheduled:  # SLURM hands out nodes and GPUs; only the number of cells at once is ours
+            if self.scheduled and all(i.run.matrix.tier == "real" for i in cells):
+                # SLURM hands out nodes and GPUs; only the number of cells at once is ours
                 devices, budget = [], math.inf
             jobs = len(cells) if self.jobs == "auto" else int(self.jobs)
             self.packer = Packer(jobs, budget, devices)

@@ -73,13 +73,12 @@ def marked(prefix):
     return found
 
 
-
 SLURM_UP = Path(__file__).parent / "slurm" / "up.sh"
 
 
 @pytest.fixture(scope="session")
 def slurm_conf():
-    """A running single-node SLURM (tests/slurm/up.sh starts it on loopback); skips where it can't run."""
+    """A running SLURM on this machine (tests/slurm/up.sh: two slurmd nodes on loopback); skips where it can't."""
     proc = subprocess.run(["bash", str(SLURM_UP)], capture_output=True, text=True, timeout=180)
     if proc.returncode == 3:  # not installed, or not root: the tests that need it can't run here
         pytest.skip(f"no SLURM here: {proc.stderr.strip()} (CI installs it: tests/slurm/up.sh --install)")
