@@ -269,4 +269,6 @@ class _StepSupervisor(_Supervisor):
         elif self.step is None and code:
             errors = SRUN_ERROR.findall(text)
             said = errors[0] if errors else (text.strip().splitlines() or [f"srun exited with code {code}"])[-1]
-            out.launch_error = f"SLURM did not run the cell: {said}"
+            nodes = self.spec.nproc // self.per_node
+            out.launch_error = (f"SLURM did not run the cell ({nodes} node{'s' * (nodes > 1)} of {self.per_node} "
+                                f"rank{'s' * (self.per_node > 1)}): {said}")

@@ -67,6 +67,18 @@ def test_bad_slurm_options_are_usage_errors(run_matrix):
     result.stderr.fnmatch_lines(["*--simplefsdp-slurm-ranks-per-node: not a whole number: 2.5*"])
 
 
+def test_ini_keys_reach_srun_in_a_dry_run(pytester):
+    pytester.makeini("[pytest]\nsimplefsdp_launcher = slurm\nsimplefsdp_slurm_partition = h100\n"
+                     "simplefsdp_slurm_account = titan\nsimplefsdp_slurm_args = --qos=high --exclusive\n")
+    path = pytester.path / "fake.yaml"
+    path.write_text(fake_matrix(ranks=(4,)))
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
+                                           "--simplefsdp-dry-run", "--simplefsdp-slurm-ranks-per-node=2")
+    result.stdout.fnmatch_lines(["*launcher=slurm DRY RUN*",
+                                 "* srun --job-name=simplefsdp:pass-r4 --nodes=2 --ntasks=2 * --partition=h100 "
+                                 "--account=titan --qos=high --exclusive bash -c *--nnodes=2 *"])
+
+
 def test_unknown_partition_is_a_usage_error(run_matrix, slurm):
     result = run_matrix(fake_matrix(), "--simplefsdp-slurm-partition=gpu", launcher="slurm")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -105,7 +117,8 @@ def test_cells_that_slurm_cannot_place_or_start(run_matrix, pytester, slurm):
     cells = cells_of(pytester.path / "run.json")
     assert cells["pass-r2"]["status"] == "passed"
     assert (cells["pass-r4"]["failure_class"], cells["pass-r4"]["error_line"]) == (
-        "infra", "SLURM did not run the cell: Unable to allocate resources: Node count specification invalid")
+        "infra", "SLURM did not run the cell (4 nodes of 1 rank): Unable to allocate resources: "
+                 "Node count specification invalid")
     # a cell SLURM keeps queued is withdrawn after the queue timeout (the fixture checks nothing is left)
     result = run_matrix(fake_matrix(), "--simplefsdp-json=queued.json", "--simplefsdp-slurm-queue-timeout=3",
                         "--simplefsdp-slurm-args=--begin=now+1hour", launcher="slurm")
