@@ -35,8 +35,6 @@ SRUN_ERROR = re.compile(r"(?m)^srun: (?:error|fatal): (.*)$")
 TASK_FAILED = re.compile(r"(?m)^srun: error: \S+: task \d+: ")  # then --kill-on-bad-exit cancels the step
 DUMPED = "(most recent call first)"  # what faulthandler prints for each thread
 SCANCEL_WAIT_S = 30.0  # srun's own end after scancel (SLURM waits KillWait between SIGTERM and SIGKILL)
-
-
 TASK_VARS = {"@NODE@": '"$SLURM_NODEID"', "@ADDR@": '"$addr"'}  # known only on the node
 
 
