@@ -54,7 +54,7 @@ class SlurmOptions:
 
 def check_cluster(options: SlurmOptions):
     """None when srun can be used here, else why not (for a usage error before any cell runs)."""
-    for tool in ("srun", "sinfo", "scancel"):
+    for tool in ("srun", "sinfo", "squeue", "scancel"):
         if not shutil.which(tool):
             return f"--simplefsdp-launcher=slurm: {tool!r} is not on PATH (the SLURM client commands are needed)"
     try:
