@@ -261,6 +261,7 @@ class LocalLauncher:
     """Starts the ranks itself, with the environment torchrun would set."""
 
     name = "local"
+    remote = False  # the ranks run on this host: its GPUs and rank budget apply
 
     def reproducer(self, spec: LaunchSpec):
         env = _quote_env(spec.command.env)
@@ -330,6 +331,7 @@ class TorchrunLauncher:
     """``torchrun`` with per-rank log files; the reference launcher."""
 
     name = "torchrun"
+    remote = False
 
     def torchrun_argv(self, spec: LaunchSpec, nproc=None, addr="127.0.0.1", log_dir=None, nodes=()):
         """torchrun for the cell; ``nodes``: extra rendezvous options of a multi-node run."""
@@ -425,7 +427,7 @@ class _ForkServer:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                      cwd=command.cwd, preexec_fn=_die_with_parent(signal.SIGKILL))
         self.ranks, self.replies = {}, []
-        self.lock, self.changed = threading.Lock(), threading.Condition()
+        self.changed = threading.Condition()
         first = self.proc.stdout.readline()
         if not first.startswith('{"ready"'):
             raise OSError(f"fork server did not start (preloading {' '.join(preload)})")

@@ -70,8 +70,15 @@ def check_cluster(options: SlurmOptions):
     return None
 
 
+def rank_logs(log_dir, nodes, per_node):
+    """Global rank -> its torchrun log files; node K's torchrun logs its local ranks under node<K>/."""
+    return {k * per_node + r: sorted((log_dir / "torchrun" / f"node{k}").glob(f"*/attempt_*/{r}/std*.log"))
+            for k in range(nodes) for r in range(per_node)}
+
+
 class SlurmLauncher:
     name = "slurm"
+    remote = True  # SLURM, not this host, places the ranks: this host's GPU and rank budgets do not apply
 
     def __init__(self, options: SlurmOptions | None = None):
         self.options = options or SlurmOptions()
@@ -143,10 +150,7 @@ class SlurmLauncher:
             finally:
                 with self.lock:
                     self.active.discard(step)
-        for k in range(nodes):  # torchrun made the folders while the step ran
-            for r in range(per_node):
-                out.rank_logs[k * per_node + r] = sorted(
-                    (spec.log_dir / "torchrun" / f"node{k}").glob(f"*/attempt_*/{r}/std*.log"))
+        out.rank_logs = rank_logs(spec.log_dir, nodes, per_node)  # torchrun made them while the step ran
         code = out.exit_codes.pop("srun", None)
         step.read_slurm_verdict(code)
         if not out.launch_error:
@@ -203,12 +207,7 @@ class _StepSupervisor(_Supervisor):
         self.kill()
 
     def _rank_logs(self):
-        logs = {}
-        for node in (self.spec.log_dir / "torchrun").glob("node*"):
-            k = int(node.name[4:])
-            for path in node.glob("*/attempt_*/*/std*.log"):
-                logs.setdefault(k * self.per_node + int(path.parent.name), []).append(path)
-        return logs
+        return rank_logs(self.spec.log_dir, self.spec.nproc // self.per_node, self.per_node)
 
     def dump_stacks(self):
         self.sizes = {p: p.stat().st_size for paths in self._rank_logs().values() for p in paths}

@@ -314,7 +314,6 @@ class MatrixSession:
         self.config = config
         self.dry_run = bool(option(config, "dry-run"))
         self.launcher = _launcher(config, self.dry_run)
-        self.scheduled = isinstance(self.launcher, SlurmLauncher)  # SLURM places the ranks, not this host
         self.timeout = _number(config, "timeout", None)
         self.cache_dir = config.rootpath / ".simplefsdp"
         self.log_limit = int(_number(config, "log-limit") * 2**20)
@@ -338,7 +337,7 @@ class MatrixSession:
                 problem = run.target.check_installed()
                 if problem:
                     raise pytest.UsageError(problem)
-                if run.matrix.device == "cuda" and not self.scheduled:  # (the trace tier runs on CPU)
+                if run.matrix.device == "cuda" and not self.launcher_for(run).remote:  # (trace tier: CPU)
                     need = max(c.world for c in run.cells) if run.cells else 0
                     have = _cuda_devices()
                     if have < need:
@@ -470,7 +469,7 @@ class MatrixSession:
             spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         launcher = self.launcher_for(run)
         _write_command(spec, launcher)
-        if run.matrix.device == "cpu" and spec.nproc > self.max_ranks and not isinstance(launcher, SlurmLauncher):
+        if run.matrix.device == "cpu" and spec.nproc > self.max_ranks and not launcher.remote:
             outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launch_error=(
                 f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
                 f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
@@ -673,8 +672,8 @@ class MatrixSession:
         if self.jobs != "1" and not self.dry_run and cells:
             devices = _cuda_device_ids() if any(i.run.matrix.device == "cuda" for i in cells) else []
             budget = int(_number(self.config, "max-ranks", None) or os.cpu_count() or 1)
-            if self.scheduled and all(i.run.matrix.tier == "real" for i in cells):
-                # SLURM hands out nodes and GPUs; only the number of cells at once is ours
+            if all(self.launcher_for(i.run).remote for i in cells):
+                # a scheduler hands out nodes and GPUs; only the number of cells at once is ours
                 devices, budget = [], math.inf
             jobs = len(cells) if self.jobs == "auto" else int(self.jobs)
             self.packer = Packer(jobs, budget, devices)
