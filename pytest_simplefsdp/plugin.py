@@ -332,11 +332,17 @@ class MatrixSession:
             self.runs = [MatrixRun(p, config, self.cache_dir, tier) for p in matrix_files(config)]
         except MatrixError as e:
             raise pytest.UsageError(str(e)) from None
+        for run in self.runs:
+            problem = run.target.check_installed()
+            if problem and not self.dry_run:
+                raise pytest.UsageError(problem)
+            try:  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: 0.3.0 names)
+                if not problem:
+                    run.target.bind(run.cells)
+            except (MatrixError, RuntimeError) as e:
+                raise pytest.UsageError(str(e)) from None
         if not self.dry_run:
             for run in self.runs:
-                problem = run.target.check_installed()
-                if problem:
-                    raise pytest.UsageError(problem)
                 if run.matrix.device == "cuda" and not self.launcher_for(run).remote:  # (trace tier: CPU)
                     need = max(c.world for c in run.cells) if run.cells else 0
                     have = _cuda_devices()
@@ -405,8 +411,8 @@ class MatrixSession:
         lines = []
         for run in self.runs:
             lines.append(f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
-                         f"cells={len(run.cells)} n/a={len(run.dropped)} launcher={self.launcher.name}"
-                         + (" DRY RUN" if self.dry_run else ""))
+                         f"cells={len(run.cells)} n/a={len(run.dropped)} launcher={self.launcher.name} "
+                         f"flags={run.target.spelling}" + (" DRY RUN" if self.dry_run else ""))
         return lines
 
     # --- running ------------------------------------------------------------------------
@@ -484,6 +490,14 @@ class MatrixSession:
             _write_command(spec, launcher)
             result = build_result(cell, launcher.launch(spec), spec.log_dir, run.matrix.settings.get("steps"))
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
+        if result.status == "passed":  # a green must show that its label took effect
+            evidence = run.target.evidence(cell, spec.log_dir)
+            result.evidence = [e.record() for e in evidence]
+            contradicted = [e for e in evidence if not e.ok]
+            if contradicted:
+                line = f"the run does not show its label: {contradicted[0].line()}"
+                result.status, result.failure_class, result.error_line, result.error_text = (
+                    "failed", "invalid_config", line, line)
         if run.matrix.numerics and result.status == "passed":
             result.losses = run.target.losses(spec.log_dir / "dump") or result.losses
         trace = Path(spec.command.env.get("TORCH_TRACE", spec.log_dir / "torch_trace"))

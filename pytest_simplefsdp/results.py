@@ -61,6 +61,7 @@ class CellResult:
     numerics: dict | None = None  # the comparison with the baseline (see numerics.compare)
     trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure
+    evidence: list = field(default_factory=list)  # evidence.Evidence records: the label took effect
 
     def record(self):
         d = asdict(self)

@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from .matrix import Matrix, MatrixError
+from .titan_options import CANONICAL, Flag, OptionError, Options, read_options, unchecked
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -56,11 +60,131 @@ def _shim_env(device, generation):
     return env
 
 
-class Titan03:
-    """torchtitan 0.3.x, ``torchtitan.experiments.graph_trainer`` (SimpleFSDP inside)."""
+def _installed(package):
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _unsupported(package, supported, target):
+    """An error line when ``package`` is missing or outside the range ``target`` supports; else None."""
+    version = _installed(package)
+    if version is None:
+        return f"{package} is not installed; target {target} supports {package} {supported} (see README)"
+    try:
+        ok = SpecifierSet(supported, prereleases=True).contains(Version(version))
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        return (f"target {target} supports {package} {supported}, but {package} {version} is installed "
+                f"(torch {_installed('torch')}, torchtitan {_installed('torchtitan')}); see README, "
+                f"'Two commands for a fresh machine'")
+    return None
+
+
+class TorchtitanTarget:
+    """What both torchtitan generations share: versions, assets, degree flags, spelling by the installed config."""
+
+    name = ""
+    SUPPORTS: dict = {}  # package -> version range this target runs against
+    AXES: dict = {}
+    MODEL_KEYS: tuple = ()
+    MODEL_OPTIONAL: tuple = ()
+    DEGREE_FLAGS: dict = {}
+
+    def __init__(self, matrix: Matrix, cache_dir: Path):
+        self.matrix = matrix
+        self.cache_dir = Path(cache_dir)
+        self.assets = self.cache_dir / "assets"
+        self.dataset, self.tokenizer = str(self.assets / "c4_test"), str(self.assets / "tokenizer")
+        self.options = {}  # job config -> Options of the installed torchtitan (see bind)
+
+    def check(self):
+        _check_values(self.matrix, self.AXES)
+        for model, facts in self.matrix.models.items():
+            unknown = set(facts or {}) - set(self.MODEL_KEYS) - set(self.MODEL_OPTIONAL)
+            if unknown:
+                raise MatrixError(f"{self.matrix.where('models')}: models.{model}: unknown keys {sorted(unknown)}; "
+                                  f"allowed: {', '.join(self.MODEL_KEYS + self.MODEL_OPTIONAL)}")
+        for model in self.matrix.axes.get("model", []):
+            facts = self.matrix.models.get(model)
+            missing = [k for k in self.MODEL_KEYS if not (facts or {}).get(k)]
+            if missing:
+                raise MatrixError(f"{self.matrix.where('models')}: models.{model} needs {', '.join(missing)} "
+                                  f"(target {self.name})")
+
+    def check_installed(self):
+        """An error line when torchtitan or torch is missing or outside the supported range."""
+        return next((p for p in (_unsupported(pkg, spec, self.name) for pkg, spec in self.SUPPORTS.items()) if p),
+                    None)
+
+    def prepare(self):
+        """Generate the deterministic dataset and tokenizer once per cache folder."""
+        sys.path.insert(0, str(FIXTURES))
+        try:
+            import assets  # fixtures/assets.py
+        finally:
+            sys.path.remove(str(FIXTURES))
+        assets.ensure_assets(self.assets)
+
+    def job_configs(self, cells):
+        """The job configs (keys of ``options``) the cells start from."""
+        return {self.job_config(c.axes) for c in cells}
+
+    def bind(self, cells):
+        """Read the installed torchtitan's options for every job config the cells use, and spell every
+        cell's flags once, so a value it cannot express fails here, naming the axis and the option."""
+        version = _installed("torchtitan")
+        env = _shim_env(self.matrix.device, self.name)
+        for key in sorted(self.job_configs(cells), key=str):
+            module, config = key
+            label = f"{module}.{config}" if module else "JobConfig"
+            self.options[key] = read_options(module, config, env, f"torchtitan {version} ({label})")
+        for cell in cells:
+            try:
+                self.spell(cell.axes, self.flags(cell, Path("dump"), Path("seed")))
+            except OptionError as e:
+                raise MatrixError(f"{cell.where}: cell {cell.id}: {e.flag.source}: {e}") from None
+
+    def spell(self, axes, flags):
+        options = self.options.get(self.job_config(axes))
+        return options.spell(flags) if options else unchecked(flags)
+
+    @property
+    def spelling(self):
+        """How flags are spelled: read from the installed torchtitan, or its 0.3.0 names."""
+        return next(iter(self.options.values())).origin.split(" (")[0] if self.options else CANONICAL
+
+    def degree_flags(self, axes):
+        flags = [Flag(f"parallelism.{flag}", axes[axis], f"axis {axis}={axes[axis]}")
+                 for axis, flag in self.DEGREE_FLAGS.items() if axis in axes]
+        if axes.get("pp", 1) > 1:
+            flags.append(Flag("parallelism.pipeline_parallel_schedule", axes["pp_schedule"],
+                              f"axis pp_schedule={axes['pp_schedule']}"))
+        return flags
+
+    def evidence(self, cell, log_dir: Path):
+        """What the run left behind that shows the cell's label took effect (see ``evidence``)."""
+        return []
+
+    def losses(self, dump_folder: Path):
+        return {}
+
+
+class Titan03(TorchtitanTarget):
+    """torchtitan 0.3.x, ``torchtitan.experiments.graph_trainer`` (SimpleFSDP inside).
+
+    Flags are written under their torchtitan 0.3.0 names and spelled by the installed torchtitan's
+    own job config (``titan_options``), so a torchtitan checkout with renamed options runs unchanged.
+    The ``backend`` axis says what compiles the whole graph: ``aot_eager`` (nothing: on aot_fx_trace,
+    torchtitan's ``regional`` inductor compiles only tagged regions such as FlexAttention) or
+    ``inductor`` (aot_fx_trace: ``--compile.inductor_compilation full``; jit: ``--compile.backend``).
+    """
 
     name = "titan03"
-    version_prefix = "0.3."
+    # the torch torchtitan 0.3.0 was released against (2.14) and what its development line moves to
+    SUPPORTS = {"torchtitan": ">=0.3.0,<0.5", "torch": ">=2.14,<2.16"}
     AXES = {
         "model": ("llama3", "deepseek_v3", "qwen3"),
         "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "cp": int, "pp": int,
@@ -81,59 +205,70 @@ class Titan03:
         "pp": "pipeline_parallel_degree",
     }
 
-    def __init__(self, matrix: Matrix, cache_dir: Path):
-        self.matrix = matrix
-        self.assets = Path(cache_dir) / "assets"
-        self.dataset, self.tokenizer = str(self.assets / "c4_test"), str(self.assets / "tokenizer")
+    # --- flags ----------------------------------------------------------------------------
 
-    def check(self):
-        _check_values(self.matrix, self.AXES)
-        for model, facts in self.matrix.models.items():
-            unknown = set(facts or {}) - set(self.MODEL_KEYS) - set(self.MODEL_OPTIONAL)
-            if unknown:
-                raise MatrixError(f"{self.matrix.where('models')}: models.{model}: unknown keys {sorted(unknown)}; "
-                                  f"allowed: {', '.join(self.MODEL_KEYS + self.MODEL_OPTIONAL)}")
-        for model in self.matrix.axes.get("model", []):
-            facts = self.matrix.models.get(model)
-            missing = [k for k in self.MODEL_KEYS if not (facts or {}).get(k)]
-            if missing:
-                raise MatrixError(f"{self.matrix.where('models')}: models.{model} needs {', '.join(missing)} "
-                                  f"(target {self.name})")
+    def job_config(self, axes):
+        """(module, config) the trainer starts from for a cell (or for a model's seed: axes {model})."""
+        facts = self.matrix.models[axes["model"]]
+        config = facts["config"]
+        if axes.get("pp", 1) > 1 and axes.get("compile", "aot_fx_trace") != "aot_fx_trace" and facts.get("eager_pp_config"):
+            config = facts["eager_pp_config"]  # GraphPP needs aot_fx_trace; otherwise the eager splitter
+        elif axes.get("cp", 1) > 1 and facts.get("cp_config"):
+            config = facts["cp_config"]
+        return facts["module"], config
 
-    def installed_version(self):
-        try:
-            return metadata.version("torchtitan")
-        except metadata.PackageNotFoundError:
-            return None
+    def job_configs(self, cells):
+        configs = super().job_configs(cells)
+        if self.matrix.numerics:  # the seed checkpoints start from the model's own config
+            configs |= {self.job_config({"model": m}) for m in {c.axes["model"] for c in cells}}
+        return configs
 
-    def check_installed(self):
-        """An error message when the system under test is missing or of another generation."""
-        version = self.installed_version()
-        if version is None:
-            return "torchtitan is not installed: pip install torchtitan==0.3.0 (see README)"
-        if not version.startswith(self.version_prefix):
-            return (f"{self.matrix.path} targets torchtitan {self.version_prefix}x ({self.name}) "
-                    f"but torchtitan {version} is installed")
-        return None
+    def compile_flags(self, axes):
+        mode = axes.get("compile", "aot_fx_trace")
+        if mode == "eager":
+            return [Flag("compile.mode", "None", "axis compile=eager")]
+        backend = axes.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
+        source = f"axis backend={backend}" if "backend" in axes else f"setting compile_backend={backend}"
+        flags = [Flag("compile.mode", mode, f"axis compile={mode}")]
+        if mode == "jit":
+            flags.append(Flag("compile.backend", backend, source))
+        else:  # aot_fx_trace reads no backend: inductor is the compilation strategy of the traced graph
+            flags.append(Flag("compile.inductor_compilation", "full" if backend == "inductor" else "regional", source))
+        if axes.get("memory_policy", "none") != "none":
+            flags.append(Flag("compile.memory_policy", axes["memory_policy"], f"axis memory_policy={axes['memory_policy']}"))
+        return flags
 
-    def prepare(self):
-        """Generate the deterministic dataset and tokenizer once per cache folder."""
-        sys.path.insert(0, str(FIXTURES))
-        try:
-            import assets  # fixtures/assets.py
-        finally:
-            sys.path.remove(str(FIXTURES))
-        assets.ensure_assets(self.assets)
+    def run_flags(self, steps, local_batch):
+        s = self.matrix.settings
+        return [
+            Flag("training.steps", steps, "setting steps"),
+            Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
+            Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
+            Flag("debug.seed", s.get("seed", 42), "setting seed"), Flag("debug.deterministic", True, "target"),
+            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
+            Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
+        ]
 
-    def degree_args(self, axes):
-        """The parallelism flags of a cell (their names are the same in 0.2 and 0.3)."""
-        args = []
-        for axis, flag in self.DEGREE_FLAGS.items():
-            if axis in axes:
-                args += [f"--parallelism.{flag}", str(axes[axis])]
-        if axes.get("pp", 1) > 1:
-            args += ["--parallelism.pipeline_parallel_schedule", axes["pp_schedule"]]
-        return args
+    def flags(self, cell, dump_folder: Path, seed_folder: Path | None = None):
+        a, s = cell.axes, self.matrix.settings
+        flags = [*self.degree_flags(a), *self.compile_flags(a)]
+        if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
+            flags.append(Flag("training.disable_cuda_graphs", True, "target"))
+        local_batch = s.get("local_batch_size", 2)
+        if self.matrix.numerics:  # comparable runs: one global batch, one seed checkpoint
+            gbs = self.matrix.numerics.global_batch_size
+            local_batch = max(1, gbs // (a.get("dp_replicate", 1) * a.get("dp_shard", 1)))
+            flags += [Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
+                      Flag("metrics.enable_tensorboard", True, "numerics")]
+            if seed_folder is not None:
+                flags += [Flag("checkpoint.enable", True, "numerics"),
+                          Flag("checkpoint.initial_load_path", seed_folder / "checkpoint" / "step-0", "numerics"),
+                          Flag("checkpoint.load_only", True, "numerics")]
+        flags += self.run_flags(s.get("steps", 3), local_batch)
+        flags.append(Flag("dump_folder", dump_folder, "target"))
+        if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
+            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
+        return flags
 
     def baseline_axes(self, axes):
         """A cell's numerics baseline: same model and data-parallel degree (so the same data
@@ -147,14 +282,16 @@ class Titan03:
 
     def seed_command(self, model, dump_folder: Path):
         """One rank that writes the seed checkpoint every cell of ``model`` starts from."""
-        facts = self.matrix.models[model]
-        return RankCommand([sys.executable, "-m", "torchtitan.train", "--module", facts["module"],
-                            "--config", facts["config"], "--compile.mode", "None", "--training.disable_cuda_graphs",
-                            "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
-                            "--debug.seed", str(self.matrix.settings.get("seed", 42)), "--debug.deterministic",
-                            "--parallelism.data_parallel_shard_degree", "1",
-                            "--hf_assets_path", self.tokenizer, "--dataloader.dataset_path", self.dataset,
-                            "--dump_folder", str(dump_folder)], _shim_env(self.matrix.device, self.name))
+        module, config = self.job_config({"model": model})
+        flags = [Flag("compile.mode", "None", "target"), Flag("training.disable_cuda_graphs", True, "target"),
+                 Flag("checkpoint.enable", True, "target"), Flag("checkpoint.create_seed_checkpoint", True, "target"),
+                 Flag("debug.seed", self.matrix.settings.get("seed", 42), "setting seed"),
+                 Flag("debug.deterministic", True, "target"),
+                 Flag("parallelism.data_parallel_shard_degree", 1, "target"),
+                 Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
+                 Flag("dump_folder", dump_folder, "target")]
+        argv = ["--module", module, "--config", config, *self.spell({"model": model}, flags)]
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *argv], _shim_env(self.matrix.device, self.name))
 
     def losses(self, dump_folder: Path):
         """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
@@ -162,64 +299,39 @@ class Titan03:
 
         return tensorboard_losses(dump_folder)
 
+    def evidence(self, cell, log_dir: Path):
+        """What the run left behind that shows its label took effect: [(axis, expected, seen, ok)]."""
+        from .evidence import inductor_codegen
+
+        a = cell.axes
+        if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and self.matrix.tier == "real":
+            return [inductor_codegen(Path(log_dir) / "torch_trace")]
+        return []
+
     def command(self, cell, dump_folder: Path, seed_folder: Path | None = None, **_):
-        a, s = cell.axes, self.matrix.settings
-        facts = self.matrix.models[a["model"]]
-        compile_mode = a.get("compile", "aot_fx_trace")
-        config = facts["config"]
-        if a.get("pp", 1) > 1 and compile_mode != "aot_fx_trace" and facts.get("eager_pp_config"):
-            config = facts["eager_pp_config"]  # GraphPP needs aot_fx_trace; otherwise the eager splitter
-        elif a.get("cp", 1) > 1 and facts.get("cp_config"):
-            config = facts["cp_config"]
-        args = ["--module", facts["module"], "--config", config, *self.degree_args(a)]
-        if compile_mode == "eager":
-            args += ["--compile.mode", "None"]
-        else:
-            args += ["--compile.mode", compile_mode,
-                     "--compile.backend", a.get("backend", s.get("compile_backend", "aot_eager"))]
-            if a.get("memory_policy", "none") != "none":
-                args += ["--compile.memory_policy", a["memory_policy"]]
-        if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
-            args += ["--training.disable_cuda_graphs"]
-        local_batch = s.get("local_batch_size", 2)
-        if self.matrix.numerics:  # comparable runs: one global batch, one seed checkpoint
-            gbs = self.matrix.numerics.global_batch_size
-            dp = a.get("dp_replicate", 1) * a.get("dp_shard", 1)
-            local_batch = max(1, gbs // dp)
-            args += ["--training.global_batch_size", str(gbs), "--metrics.enable_tensorboard"]
-            if seed_folder is not None:
-                args += ["--checkpoint.enable", "--checkpoint.initial_load_path",
-                         str(seed_folder / "checkpoint" / "step-0"), "--checkpoint.load_only"]
-        args += [
-            "--training.steps", str(s.get("steps", 3)),
-            "--training.seq_len", str(s.get("seq_len", 256)),
-            "--training.local_batch_size", str(local_batch),
-            "--debug.seed", str(s.get("seed", 42)), "--debug.deterministic",
-            "--metrics.log_freq", "1", "--metrics.disable_color_printing",
-            "--hf_assets_path", self.tokenizer, "--dataloader.dataset_path", self.dataset,
-            "--dump_folder", str(dump_folder),
-        ]
-        args += [str(x) for x in s.get("extra_args", [])]
+        module, config = self.job_config(cell.axes)
+        args = ["--module", module, "--config", config, *self.spell(cell.axes, self.flags(cell, dump_folder, seed_folder))]
+        args += [str(x) for x in self.matrix.settings.get("extra_args", [])]
         env = _shim_env(self.matrix.device, self.name)
-        if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
-            args += ["--comm.mode", "fake_backend"]
+        if self.matrix.tier == "trace":
             env["NGPU"] = str(cell.world)
-        if compile_mode != "eager":  # structured compile trace, rendered by tlparse for failing cells
+        if cell.axes.get("compile", "aot_fx_trace") != "eager":  # structured compile trace: tlparse, evidence
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
-        module = facts["module"]
         preload = [f"torchtitan.experiments.{module}.config_registry" if module.startswith("graph_trainer.")
                    else module]
         return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env, preload=preload)
 
 
-class Titan02(Titan03):
+class Titan02(TorchtitanTarget):
     """torchtitan 0.2.x, ``torchtitan.experiments.simple_fsdp`` (the seed era of autumn 2025).
 
     TOML job config (ours: fixtures/titan02_debugmodel.toml), ``--model.name simple_fsdp.<model>``,
-    ``--compile.enable``, ``--activation_checkpoint.mode``, a separate expert-TP degree."""
+    ``--compile.enable``, ``--activation_checkpoint.mode``, a separate expert-TP degree; flags are
+    checked against the installed ``JobConfig``. Numerics are not wired for 0.2 (no seed checkpoint)."""
 
     name = "titan02"
-    version_prefix = "0.2."
+    # torchtitan 0.2.0 (2025-10-18) was tested on the nightly of its day; 2.9 is the release of that month
+    SUPPORTS = {"torchtitan": ">=0.2.0,<0.3", "torch": ">=2.9,<2.10"}
     AXES = {
         "model": ("llama3", "deepseek_v3"),
         "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "etp": int, "cp": int, "pp": int,
@@ -235,29 +347,36 @@ class Titan02(Titan03):
 
     seed_command = None  # numerics are not wired for 0.2: its matrix files have no `numerics`
 
-    def command(self, cell, dump_folder: Path, **_):
+    def job_config(self, axes):
+        return None, None  # one JobConfig for every cell
+
+    def flags(self, cell, dump_folder: Path, seed_folder=None):
         a, s = cell.axes, self.matrix.settings
         facts = self.matrix.models[a["model"]]
-        args = ["--job.config_file", str(self.JOB_TOML), "--model.name", facts["name"],
-                "--model.flavor", facts["flavor"], *self.degree_args(a)]
+        flags = [Flag("job.config_file", self.JOB_TOML, "target"), Flag("model.name", facts["name"], f"model {a['model']}"),
+                 Flag("model.flavor", facts["flavor"], f"model {a['model']}"), *self.degree_flags(a)]
         if a.get("compile", "eager") == "compiled":
-            args += ["--compile.enable", "--compile.backend", a.get("backend", s.get("compile_backend", "aot_eager"))]
-        args += ["--activation_checkpoint.mode", a.get("ac", "none")]
-        args += [
-            "--training.steps", str(s.get("steps", 3)),
-            "--training.seq_len", str(s.get("seq_len", 256)),
-            "--training.local_batch_size", str(s.get("local_batch_size", 2)),
-            "--training.seed", str(s.get("seed", 42)), "--training.deterministic",
-            "--metrics.log_freq", "1", "--metrics.disable_color_printing",
-            "--model.hf_assets_path", self.tokenizer, "--training.dataset_path", self.dataset,
-            "--job.dump_folder", str(dump_folder),
+            backend = a.get("backend", s.get("compile_backend", "aot_eager"))
+            flags += [Flag("compile.enable", True, "axis compile=compiled"), Flag("compile.backend", backend, f"backend {backend}")]
+        flags.append(Flag("activation_checkpoint.mode", a.get("ac", "none"), f"axis ac={a.get('ac', 'none')}"))
+        flags += [
+            Flag("training.steps", s.get("steps", 3), "setting steps"),
+            Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
+            Flag("training.local_batch_size", s.get("local_batch_size", 2), "setting local_batch_size"),
+            Flag("training.seed", s.get("seed", 42), "setting seed"), Flag("training.deterministic", True, "target"),
+            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
+            Flag("model.hf_assets_path", self.tokenizer, "target"), Flag("training.dataset_path", self.dataset, "target"),
+            Flag("job.dump_folder", dump_folder, "target"),
         ]
-        args += [str(x) for x in s.get("extra_args", [])]
+        return flags
+
+    def command(self, cell, dump_folder: Path, **_):
+        args = [*self.spell(cell.axes, self.flags(cell, dump_folder)), *map(str, self.matrix.settings.get("extra_args", []))]
         env = _shim_env(self.matrix.device, self.name)
-        if a.get("compile") == "compiled":
+        if cell.axes.get("compile") == "compiled":
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env,
-                           preload=[f"torchtitan.experiments.{facts['name']}"])
+                           preload=[f"torchtitan.experiments.{self.matrix.models[cell.axes['model']]['name']}"])
 
 
 class CommandTarget:
@@ -283,11 +402,19 @@ class CommandTarget:
                     raise MatrixError(f"{where}: target.command uses unknown placeholder {{{name}}}; "
                                       f"known: {', '.join(sorted(known))}")
 
+    spelling = "as written in the matrix file"
+
     def check(self):
         pass
 
     def check_installed(self):
         return None
+
+    def bind(self, cells):
+        pass
+
+    def evidence(self, cell, log_dir):
+        return []
 
     def prepare(self):
         pass

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -132,3 +133,41 @@ def test_slurm_launcher_matches_torchrun_on_real_cells(pytester, slurm):
     tp = runs["slurm"]["llama3-dp2-tp2-eager"]
     assert len(tp["losses"]) == 3 and "/torchrun/node1/" in tp["rank_logs"]["3"][0]
     assert any(d.startswith("SLURM step ") and " on n[1-2] " in d for d in tp["details"]), tp["details"]
+
+
+def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pytester):
+    """The bug that once made 36 GPU cells duplicates: a cell called inductor that inductor never compiled.
+    Here the flag the target passes is overridden after it (extra_args), as an ignored flag would be; the
+    run trains and exits 0, and the evidence check fails it."""
+    matrix = pytester.path / "lying.yaml"
+    matrix.write_text(textwrap.dedent("""\
+        profile: lying
+        target: titan03
+        device: cpu
+        world_sizes: [2]
+        degrees: [dp_shard]
+        timeout: 600
+        settings:
+          steps: 2
+          extra_args: ["--compile.inductor_compilation", "regional"]   # undoes the target's `full`
+        models:
+          llama3: {module: titan03_configs, config: llama3_debugmodel_cpu}
+        axes:
+          model: [llama3]
+          dp_shard: [2]
+          compile: [aot_fx_trace]
+          backend: [inductor]
+          memory_policy: [default]
+        """))
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=900)
+    result.assert_outcomes(failed=1)
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert sorted(cell["losses"]) == ["1", "2"]  # it trained: only the evidence tells
+    assert cell["failure_class"] == "invalid_config"
+    assert cell["error_line"].startswith("the run does not show its label: backend=inductor: expected inductor "
+                                         "output code in the compile trace of every rank, saw none in 2 of 2")
+    assert "--compile.inductor_compilation full" in Path(cell["log_dir"], "command.txt").read_text()
+    assert cell["evidence"] and not cell["evidence"][0]["ok"]

@@ -16,10 +16,10 @@ def run_python(code, **env):
 
 
 def test_shim_says_what_it_applied_and_honours_skips():
-    out = run_python("pass", SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP="pp_step_microbatches")
+    out = run_python("pass", SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP="cpu_sdpa_saved")
     assert out.returncode == 0, out.stderr
-    assert ("[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,set_timeout_alias,"
-            "dram_bandwidth_constant,cpu_sdpa_saved; skipped: pp_step_microbatches") in out.stderr
+    assert ("[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,"
+            "dram_bandwidth_constant; skipped: cpu_sdpa_saved") in out.stderr
 
 
 @pytest.mark.parametrize("env, message", [

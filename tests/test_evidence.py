@@ -1,0 +1,53 @@
+"""Evidence that a cell's label took effect, read from what the run left behind (here: compile traces)."""
+
+import json
+
+from pytest_simplefsdp.evidence import inductor_codegen
+
+
+def trace_line(kind, payload=True):
+    head = f'V1201 07:46:23.328000 3627 torch/_inductor/graph.py:3138] {json.dumps({kind: {"filename": "x.py"}, "rank": 0})}'
+    return head + ("\n\tdef call(args):\n\t    pass\n" if payload else "\n")
+
+
+def write_trace(folder, ranks):
+    """ranks: per rank, the record kinds its TORCH_TRACE file holds."""
+    folder.mkdir()
+    for rank, kinds in enumerate(ranks):
+        (folder / f"dedicated_log_torch_trace_rank_{rank}_x.log").write_text("".join(trace_line(k) for k in kinds))
+    return folder
+
+
+def test_inductor_output_code_on_every_rank_is_evidence(tmp_path):
+    trace = write_trace(tmp_path / "torch_trace", [["artifact", "inductor_output_code"], ["inductor_output_code"] * 2])
+    ev = inductor_codegen(trace)
+    assert ev.ok and ev.seen == "3 inductor output-code records in 2 trace files"
+
+
+def test_a_traced_graph_without_inductor_code_contradicts_the_label(tmp_path):
+    """What aot_fx_trace with the default (regional) strategy leaves on CPU: graphs, no inductor code."""
+    trace = write_trace(tmp_path / "torch_trace", [["artifact", "chromium_event"], ["artifact"]])
+    ev = inductor_codegen(trace)
+    assert not ev.ok
+    assert ev.line().startswith("backend=inductor: expected inductor output code in the compile trace of every "
+                                "rank, saw none in 2 of 2 trace files")
+
+
+def test_one_rank_without_inductor_code_is_enough_to_fail(tmp_path):
+    trace = write_trace(tmp_path / "torch_trace", [["inductor_output_code"], ["artifact"]])
+    ev = inductor_codegen(trace)
+    assert not ev.ok and "none in 1 of 2 trace files (dedicated_log_torch_trace_rank_1_x.log); 1 elsewhere" in ev.seen
+
+
+def test_no_trace_at_all_is_no_evidence(tmp_path):
+    ev = inductor_codegen(tmp_path / "missing")
+    assert not ev.ok and ev.seen.startswith("no compile trace at ")
+    (tmp_path / "empty").mkdir()
+    assert inductor_codegen(tmp_path / "empty").seen.startswith("no trace files in ")
+
+
+def test_a_payload_line_that_mentions_the_kind_is_not_a_record(tmp_path):
+    trace = tmp_path / "torch_trace"
+    trace.mkdir()
+    (trace / "rank_0.log").write_text(trace_line("artifact") + '\t] {"inductor_output_code": 1}\n')
+    assert not inductor_codegen(trace).ok

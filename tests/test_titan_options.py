@@ -1,0 +1,220 @@
+"""Flags spelled by the installed torchtitan's own job config: 0.3.0 names and the renamed ones (PR 4121).
+
+The job configs here are small fake config modules (so the tests do not depend on torchtitan's file staying
+the same); they go through the real probe subprocess, the real target and the real matrix loader.
+"""
+
+import textwrap
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import pytest
+
+from pytest_simplefsdp import targets
+from pytest_simplefsdp.cells import expand
+from pytest_simplefsdp.matrix import MatrixError, load_matrix
+from pytest_simplefsdp.titan_options import Flag, OptionError, Options, walk
+from pytest_simplefsdp.targets import make_target
+
+FAKE_CONFIGS = '''
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    data_parallel_shard_degree: int = -1
+    tensor_parallel_degree: int = 1
+    expert_parallel_degree: int = 1
+    context_parallel_degree: int = 1
+    pipeline_parallel_degree: int = 1
+    pipeline_parallel_schedule: str = "1F1B"
+
+
+@dataclass
+class Compile:
+    mode: Literal["jit", "aot_fx_trace"] | None = "aot_fx_trace"
+    backend: str = "aot_eager"
+    memory_policy: Literal["default", "full"] = "default"
+    {inductor}
+
+
+@dataclass
+class Training:
+    steps: int = 10
+    disable_cuda_graphs: bool = False
+    {batch}
+
+
+@dataclass
+class Debug:
+    seed: int = 0
+    deterministic: bool = False
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    disable_color_printing: bool = False
+    enable_tensorboard: bool = False
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = False
+    initial_load_path: str = ""
+    load_only: bool = False
+    create_seed_checkpoint: bool = False
+
+
+@dataclass
+class Dataloader:
+    dataset_path: str = ""
+
+
+@dataclass
+class Config:
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    compile: Compile = field(default_factory=Compile)
+    training: Training = field(default_factory=Training)
+    debug: Debug = field(default_factory=Debug)
+    metrics: Metrics = field(default_factory=Metrics)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    dataloader: Dataloader = field(default_factory=Dataloader)
+    hf_assets_path: str = ""
+    dump_folder: str = ""
+
+
+def debugmodel():
+    return Config()
+'''
+OLD_BATCH = "seq_len: int = 2048\n    local_batch_size: int = 8\n    global_batch_size: int = -1"
+NEW_BATCH = ("max_context_length: int = 2048\n    num_tokens_per_microbatch_per_dp_rank: int = 8192\n"
+             "    num_tokens_per_train_step: int = -1")
+INDUCTOR = 'inductor_compilation: Literal["regional", "full"] = "regional"'
+
+MATRIX = """\
+profile: fake-titan
+target: titan03
+device: cuda   # no CPU shim: the fake config needs no torch
+world_sizes: [2]
+degrees: [dp_shard]
+settings: {{steps: 3, seq_len: 256, local_batch_size: 2, seed: 42}}
+models:
+  llama3: {{module: {module}, config: debugmodel}}
+axes:
+  model: [llama3]
+  dp_shard: [2]
+  compile: [{compile}]
+  backend: [{backend}]
+  memory_policy: [default]
+numerics:
+  global_batch_size: 8
+  baseline: {{compile: aot_fx_trace}}
+  lanes: [{{name: exact, match: [{{dp_shard: 2}}]}}]
+"""
+
+
+@pytest.fixture
+def fake_torchtitan(tmp_path, monkeypatch):
+    """Writes a fake config module and a matrix on it; returns (target, cells) after bind()."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the ranks' path: the probe reads the same module
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def make(name, batch=OLD_BATCH, inductor=INDUCTOR, compile="aot_fx_trace", backend="aot_eager"):
+        (tmp_path / f"{name}.py").write_text(FAKE_CONFIGS.format(batch=batch, inductor=inductor))
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(MATRIX.format(module=name, compile=compile, backend=backend))
+        target = make_target(load_matrix(path), tmp_path)
+        cells, _ = expand(target.matrix)
+        target.bind(cells)
+        return target, cells
+
+    return make
+
+
+def argv_of(target, cell, tmp_path):
+    return target.command(cell, dump_folder=tmp_path / "dump", seed_folder=tmp_path / "seed").argv
+
+
+def test_the_installed_config_spells_the_0_3_0_names(fake_torchtitan, tmp_path):
+    target, (cell,) = fake_torchtitan("titan_0_3_0")
+    argv = " ".join(argv_of(target, cell, tmp_path))
+    assert "--training.seq_len 256 --training.local_batch_size 4" in argv
+    assert "--training.global_batch_size 8" in argv
+    assert "--compile.mode aot_fx_trace --compile.inductor_compilation regional" in argv
+    assert target.spelling.startswith("torchtitan ")
+
+
+def test_renamed_options_are_spelled_and_converted_to_tokens(fake_torchtitan, tmp_path):
+    """torchtitan PR 4121: seq_len -> max_context_length; batches in tokens (batch x seq_len)."""
+    target, (cell,) = fake_torchtitan("titan_main", batch=NEW_BATCH)
+    argv = argv_of(target, cell, tmp_path)
+    joined = " ".join(argv)
+    assert "--training.max_context_length 256" in joined
+    assert "--training.num_tokens_per_microbatch_per_dp_rank 1024" in joined  # 8 // dp 2 = 4 sequences x 256
+    assert "--training.num_tokens_per_train_step 2048" in joined  # 8 sequences x 256
+    assert not any(a in argv for a in ("--training.seq_len", "--training.local_batch_size",
+                                       "--training.global_batch_size"))
+    seed = " ".join(target.seed_command("llama3", tmp_path / "seed").argv)
+    assert "--checkpoint.create_seed_checkpoint" in seed and "--dump_folder" in seed
+
+
+def test_a_value_the_installed_torchtitan_cannot_express_fails_collection(fake_torchtitan):
+    with pytest.raises(MatrixError) as e:
+        fake_torchtitan("titan_no_full", inductor="", backend="inductor")
+    msg = str(e.value)
+    assert "titan_no_full.yaml:" in msg  # the matrix file and line
+    assert ": cell llama3-2-aot_fx_trace-inductor-default: axis backend=inductor: needs " \
+           "--compile.inductor_compilation, which torchtitan" in msg and "(titan_no_full.debugmodel)" in msg
+
+
+def test_a_literal_value_outside_the_choices_is_refused():
+    options = Options({"compile.mode": ["aot_fx_trace", "None"]}, "torchtitan 9.9 (fake)")
+    with pytest.raises(OptionError, match=r"--compile.mode jit: torchtitan 9.9 \(fake\) accepts aot_fx_trace, None"):
+        options.spell([Flag("compile.mode", "jit", "axis compile=jit")])
+    assert options.spell([Flag("compile.mode", "None")]) == ["--compile.mode", "None"]
+
+
+def test_walk_reads_nested_options_and_their_choices():
+    @dataclass
+    class Inner:
+        mode: Optional[Literal["a", "b"]] = "a"
+        count: int = 1
+
+    @dataclass
+    class Outer:
+        inner: Inner = field(default_factory=Inner)
+        path: str = ""
+
+    assert walk(Outer()) == {"inner.mode": ["a", "b", "None"], "inner.count": None, "path": None}
+
+
+@pytest.mark.parametrize("installed, expected", [
+    ({"torchtitan": "0.3.0", "torch": "2.14.1"}, None),
+    ({"torchtitan": "0.3.0", "torch": "2.15.0.dev20261101"}, None),  # torchtitan main tracks the nightly
+    ({"torchtitan": "0.3.0", "torch": "2.13.0"},
+     "target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed (torch 2.13.0, torchtitan 0.3.0)"),
+    ({"torchtitan": "0.2.0", "torch": "2.14.1"},
+     "target titan03 supports torchtitan >=0.3.0,<0.5, but torchtitan 0.2.0 is installed"),
+    ({"torch": "2.14.1"}, "torchtitan is not installed; target titan03 supports torchtitan >=0.3.0,<0.5"),
+])
+def test_versions_outside_the_target_range_are_named(monkeypatch, tmp_path, installed, expected):
+    monkeypatch.setattr(targets, "_installed", installed.get)
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(MATRIX.format(module="m", compile="eager", backend="aot_eager"))
+    problem = make_target(load_matrix(matrix), tmp_path).check_installed()
+    assert (problem is None) if expected is None else (expected in problem), problem
+
+
+def test_an_unsupported_torch_stops_the_run_before_any_cell(pytester):
+    """A clear usage error at collection, never a half-run matrix."""
+    pytester.makeconftest(textwrap.dedent("""\
+        from pytest_simplefsdp import targets
+        targets._installed = {"torch": "2.13.0", "torchtitan": "0.3.0"}.get
+        """))
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed*"])
+    assert not (pytester.path / ".simplefsdp" / "runs").exists()
