@@ -93,6 +93,18 @@ def parse_losses(text):
     return losses
 
 
+NO_LOSS = -1.0  # what torchtitan 0.2 logs as the loss of a rank that holds none (PP stages before the last)
+
+
+def cell_losses(texts: dict) -> dict:
+    """The losses of the first rank (by number) that logged real ones; {} when none did."""
+    for rank in sorted(texts):
+        losses = parse_losses(texts[rank])
+        if losses and not all(v == NO_LOSS for v in losses.values()):
+            return losses
+    return {}
+
+
 def last_exception(text):
     """(exception line, whole message, frames text) of the last traceback in a log, or None."""
     lines = text.splitlines()
@@ -159,11 +171,7 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
                      exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks))
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
-    for r in sorted(texts):
-        losses = parse_losses(texts[r])
-        if losses:
-            res.losses = losses
-            break
+    res.losses = cell_losses(texts)
 
     def fail(cls, line, rank=None, text=None):
         res.status, res.failure_class, res.error_line, res.failing_rank = "failed", cls, line, rank

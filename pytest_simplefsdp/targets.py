@@ -330,8 +330,9 @@ class Titan02(TorchtitanTarget):
     checked against the installed ``JobConfig``. Numerics are not wired for 0.2 (no seed checkpoint)."""
 
     name = "titan02"
-    # torchtitan 0.2.0 (2025-10-18) was tested on the nightly of its day; 2.9 is the release of that month
-    SUPPORTS = {"torchtitan": ">=0.2.0,<0.3", "torch": ">=2.9,<2.10"}
+    # torchtitan 0.2.0 (2025-10-18) was tested on the torch nightly of its day, which 2.9.x predates (its
+    # code needs dynamo's DeviceMesh.mesh_dim_names, pytorch PR 164200): 2.10 is the nearest release
+    SUPPORTS = {"torchtitan": ">=0.2.0,<0.3", "torch": ">=2.10,<2.11"}
     AXES = {
         "model": ("llama3", "deepseek_v3"),
         "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "etp": int, "cp": int, "pp": int,

@@ -55,7 +55,7 @@ def test_smoke_tier_runs_real_cells(pytester):
 def test_failing_compile_cell_is_xfailed_with_its_trace_rendered(pytester):
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-rx",
-                                           "-k", "deepseek_v3-tp2-pp2-Interleaved1F1B-aot_fx_trace",
+                                           "-k", "deepseek_v3-tp2-ep2-pp2-Interleaved1F1B-aot_fx_trace",
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                                            timeout=900)
     result.assert_outcomes(xfailed=1)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_simplefsdp.results import CRASH_HINT, classify, last_exception, parse_losses, read_text
+from pytest_simplefsdp.results import CRASH_HINT, cell_losses, classify, last_exception, parse_losses, read_text
 from pytest_simplefsdp.verdict import signature
 
 DATA = Path(__file__).parent / "data"
@@ -46,3 +46,12 @@ def test_losses_with_colours_nan_and_repeats():
             "step:  1  loss:  9.00000\nstep:  2  loss:     nan  grad_norm: nan\n")
     losses = parse_losses(read_text([]) + text)
     assert losses[1] == 8.09302 and losses[2] != losses[2]
+
+
+def test_pp_stages_without_the_loss_are_not_the_cell_losses():
+    """torchtitan 0.2 logs `loss: -1.0000` on PP stages before the last; the loss is the last stage's."""
+    first_stage = "step:  1  loss: -1.0000  grad_norm: 7.9\nstep:  2  loss: -1.0000  grad_norm: 7.1\n"
+    last_stage = "step:  1  loss:  8.1324  grad_norm: 7.9\nstep:  2  loss:  7.9001  grad_norm: 7.1\n"
+    assert cell_losses({0: first_stage, 1: first_stage, 2: last_stage, 3: last_stage}) == {1: 8.1324, 2: 7.9001}
+    assert cell_losses({0: first_stage}) == {}  # only sentinels: no loss was logged
+    assert cell_losses({0: "step:  1  loss: -1.0000\nstep:  2  loss:  0.5\n"}) == {1: -1.0, 2: 0.5}  # a real -1

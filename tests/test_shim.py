@@ -72,3 +72,22 @@ def test_fill_indices_replacement_matches_the_loop_reference():
         max_len = int(sizes.sum()) + int(torch.randint(0, 5, (1,), generator=g))
         args = (tokens, starts, offsets, per_rank, ranks, max_len)
         assert torch.equal(shim.fill_indices(*args), reference(*args))
+
+
+def test_cpu_grouped_mm_matches_per_expert_matmuls():
+    """What grouped_mm_on_cpu (titan02) rests on: the installed torch's CPU ``_grouped_mm`` gives the
+    per-expert matmuls' values and gradients."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip(f"torch {torch.__version__} has no _grouped_mm")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 16, generator=g, requires_grad=True)
+    w = torch.randn(3, 16, 32, generator=g, requires_grad=True)
+    offs = torch.tensor([3, 3, 10], dtype=torch.int32)  # one expert gets no token
+    out = torch._grouped_mm(x, w, offs=offs)
+    out.pow(2).sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ref = torch.cat([x2[0:3] @ w2[0], x2[3:3] @ w2[1], x2[3:10] @ w2[2]])
+    ref.pow(2).sum().backward()
+    assert torch.allclose(out, ref, atol=1e-4)
+    assert torch.allclose(x.grad, x2.grad, atol=1e-3) and torch.allclose(w.grad, w2.grad, atol=1e-3)
