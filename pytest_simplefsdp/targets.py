@@ -23,7 +23,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .matrix import Matrix, MatrixError
-from .titan_options import CANONICAL, Flag, OptionError, Options, read_options, unchecked
+from .titan_options import Flag, OptionError, read_options, unchecked
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -92,6 +92,7 @@ class TorchtitanTarget:
     MODEL_KEYS: tuple = ()
     MODEL_OPTIONAL: tuple = ()
     DEGREE_FLAGS: dict = {}
+    WRITTEN_AS = ""  # the torchtitan release whose option names the target writes
 
     def __init__(self, matrix: Matrix, cache_dir: Path):
         self.matrix = matrix
@@ -153,8 +154,10 @@ class TorchtitanTarget:
 
     @property
     def spelling(self):
-        """How flags are spelled: read from the installed torchtitan, or its 0.3.0 names."""
-        return next(iter(self.options.values())).origin.split(" (")[0] if self.options else CANONICAL
+        """How flags are spelled: read from the installed torchtitan, or as the target writes them."""
+        if self.options:
+            return next(iter(self.options.values())).origin.split(" (")[0]
+        return f"torchtitan {self.WRITTEN_AS} option names, unchecked (this target's torchtitan is not installed)"
 
     def degree_flags(self, axes):
         flags = [Flag(f"parallelism.{flag}", axes[axis], f"axis {axis}={axes[axis]}")
@@ -183,6 +186,7 @@ class Titan03(TorchtitanTarget):
     """
 
     name = "titan03"
+    WRITTEN_AS = "0.3.0"
     # the torch torchtitan 0.3.0 was released against (2.14) and what its development line moves to
     SUPPORTS = {"torchtitan": ">=0.3.0,<0.5", "torch": ">=2.14,<2.16"}
     AXES = {
@@ -330,6 +334,7 @@ class Titan02(TorchtitanTarget):
     checked against the installed ``JobConfig``. Numerics are not wired for 0.2 (no seed checkpoint)."""
 
     name = "titan02"
+    WRITTEN_AS = "0.2.0"
     # torchtitan 0.2.0 (2025-10-18) was tested on the torch nightly of its day, which 2.9.x predates (its
     # code needs dynamo's DeviceMesh.mesh_dim_names, pytorch PR 164200): 2.10 is the nearest release
     SUPPORTS = {"torchtitan": ">=0.2.0,<0.3", "torch": ">=2.10,<2.11"}

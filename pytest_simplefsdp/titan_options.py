@@ -98,11 +98,8 @@ class Options:
         return argv
 
 
-CANONICAL = "torchtitan 0.3.0 option names (no torchtitan to read them from)"
-
-
 def unchecked(flags: list[Flag]) -> list[str]:
-    """argv in the 0.3.0 spelling, for a dry run where no matching torchtitan is installed."""
+    """argv as the target wrote it, for a dry run where the target's torchtitan is not installed."""
     return [a for f in flags for a in ([f"--{f.name}"] if f.value is True else [f"--{f.name}", str(f.value)])]
 
 

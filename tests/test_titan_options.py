@@ -218,3 +218,12 @@ def test_an_unsupported_torch_stops_the_run_before_any_cell(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed*"])
     assert not (pytester.path / ".simplefsdp" / "runs").exists()
+
+
+def test_a_dry_run_without_the_targets_torchtitan_says_its_flags_are_unchecked(monkeypatch):
+    from pytest_simplefsdp.plugin import MATRIX_DIR
+
+    monkeypatch.setattr(targets, "_installed", {"torch": "2.14.1", "torchtitan": "0.3.0"}.get)
+    target = make_target(load_matrix(MATRIX_DIR / "titan02-cpu.yaml"), MATRIX_DIR)
+    assert target.check_installed().startswith("target titan02 supports torchtitan >=0.2.0,<0.3")
+    assert target.spelling == "torchtitan 0.2.0 option names, unchecked (this target's torchtitan is not installed)"
