@@ -336,7 +336,7 @@ class MatrixSession:
             problem = run.target.check_installed()
             if problem and not self.dry_run:
                 raise pytest.UsageError(problem)
-            try:  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: 0.3.0 names)
+            try:  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: unchecked)
                 if not problem:
                     run.target.bind(run.cells)
             except (MatrixError, RuntimeError) as e:
