@@ -120,10 +120,13 @@ def last_exception(text):
         return None
     first = lines[i].strip()
     message = [first]
-    sections = first.startswith("torch._dynamo.exc.")  # dynamo's messages have sections and blank lines
-    for prev, line in zip(lines[i:], lines[i + 1:i + 60]):
+    # dynamo's messages have sections, one or two blank lines apart (torch 2.10), then a closing hint
+    sections = first.startswith("torch._dynamo.exc.")
+    blanks = 0
+    for line in lines[i + 1:i + 80]:
         stripped = line.strip()
-        if ((not stripped and not (sections and prev.strip()))
+        blanks = blanks + 1 if not stripped else 0
+        if ((blanks and not sections) or blanks > 2 or stripped.startswith("Set TORCHDYNAMO_VERBOSE")
                 or (not sections and not line.startswith((" ", "\t")))  # another process's output
                 or stripped.startswith(("[titan]", "[rank", TRACEBACK)) or stripped.startswith(CHAIN_MARKERS)
                 or re.match(r"^\[?[A-Z]\d{4} ", stripped)):

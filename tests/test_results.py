@@ -34,6 +34,17 @@ def test_hop_signature_keeps_the_explanation():
     assert "in _token_dispatch self.input_splits = input_splits.tolist()" in sig  # the seed's trigger line
 
 
+def test_dynamo_message_with_double_blank_lines_keeps_the_user_code():
+    """torch 2.10 puts two blank lines between dynamo's sections; the trigger line is at the end."""
+    text = read_text([DATA / "titan02_hop_side_effect_torch210.log"])
+    first, message, _ = last_exception(text)
+    assert first == ("torch._dynamo.exc.Unsupported: HigherOrderOperator: Mutating a variable not in the current "
+                     "scope (SideEffects)")
+    assert "gb0067" in message and "from user code:" in message
+    assert message.rstrip().endswith("self.input_splits = input_splits.tolist()")
+    assert "TORCHDYNAMO_VERBOSE" not in message
+
+
 def test_native_crash_hint_and_losses():
     text = read_text([DATA / "titan03_gloo_abort.log"])
     assert [m.group(0) for m in CRASH_HINT.finditer(text)] == ["terminate called without an active exception"]
