@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RANK_PREFIX = re.compile(r"(?m)^\[(?:rank|default)\d*\]: ?")  # torchrun's per-line prefix
 LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
+GRAD_NORM = re.compile(r"step:\s*(\d+)\s+loss:\s*\S+\s+grad_norm:\s*(\S+)")
 TRACEBACK = "Traceback (most recent call last):"
 CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
 ERRORISH = re.compile(r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed)")
@@ -42,6 +43,7 @@ class CellResult:
     status: str = "passed"  # pytest outcome: passed, failed, skipped, xfailed, xpassed
     failure_class: str | None = None
     losses: dict = field(default_factory=dict)  # step -> loss (float; NaN allowed)
+    grad_norms: dict = field(default_factory=dict)  # step -> the logged total gradient norm
     error_line: str | None = None
     error_text: str | None = None  # the whole exception message (for signatures)
     failing_rank: int | None = None
@@ -66,6 +68,7 @@ class CellResult:
     def record(self):
         d = asdict(self)
         d["losses"] = {str(k): (None if v is None or math.isnan(v) else v) for k, v in self.losses.items()}
+        d["grad_norms"] = {str(k): (None if math.isnan(v) else v) for k, v in self.grad_norms.items()}
         d["nan_steps"] = [k for k, v in self.losses.items() if v is not None and math.isnan(v)]
         d["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
         d["rank_logs"] = {str(k): [str(p) for p in v] for k, v in self.rank_logs.items()}
@@ -83,9 +86,9 @@ def read_text(paths):
     return RANK_PREFIX.sub("", ANSI.sub("", "\n".join(parts)))
 
 
-def parse_losses(text):
+def parse_losses(text, pattern=LOSS):
     losses = {}
-    for m in LOSS.finditer(text):
+    for m in pattern.finditer(text):
         try:
             losses.setdefault(int(m.group(1)), float(m.group(2).rstrip(",")))
         except ValueError:
@@ -96,13 +99,13 @@ def parse_losses(text):
 NO_LOSS = -1.0  # what torchtitan 0.2 logs as the loss of a rank that holds none (PP stages before the last)
 
 
-def cell_losses(texts: dict) -> dict:
-    """The losses of the first rank (by number) that logged real ones; {} when none did."""
+def cell_losses(texts: dict) -> tuple[dict, dict]:
+    """(losses, grad norms) of the first rank (by number) that logged real losses; ({}, {}) when none did."""
     for rank in sorted(texts):
         losses = parse_losses(texts[rank])
         if losses and not all(v == NO_LOSS for v in losses.values()):
-            return losses
-    return {}
+            return losses, parse_losses(texts[rank], GRAD_NORM)
+    return {}, {}
 
 
 def last_exception(text):
@@ -174,7 +177,7 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
                      exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks))
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
-    res.losses = cell_losses(texts)
+    res.losses, res.grad_norms = cell_losses(texts)
 
     def fail(cls, line, rank=None, text=None):
         res.status, res.failure_class, res.error_line, res.failing_rank = "failed", cls, line, rank
@@ -225,5 +228,10 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
     if res.status == "passed" and any(math.isnan(v) or math.isinf(v) for v in res.losses.values()):
         bad = min(k for k, v in res.losses.items() if math.isnan(v) or math.isinf(v))
         fail("numerics", f"loss is {res.losses[bad]} at step {bad}")
+    # a step that trained nothing (every PP cell once ran without backward and passed) is never a pass
+    dead = sorted(k for k, v in res.grad_norms.items() if v == 0 or not math.isfinite(v))
+    if res.status == "passed" and dead:
+        fail("numerics", f"grad_norm is {res.grad_norms[dead[0]]} at step {dead[0]}: that step trained nothing"
+                         if res.grad_norms[dead[0]] == 0 else f"grad_norm is {res.grad_norms[dead[0]]} at step {dead[0]}")
     return res
 

@@ -67,6 +67,8 @@ def test_table_is_rendered_again_from_stored_results(run_matrix, pytester):
     ("exit3", "runtime", "exit code 3: *"),
     ("noresult", "no_result", "every rank exited 0 but 0 of 3 steps logged a loss"),
     ("nan", "numerics", "loss is nan at step 2"),
+    # exit 0, losses logged and falling: only the grad norm shows the step trained nothing
+    ("zerograd", "numerics", "grad_norm is 0.0 at step 2: that step trained nothing"),
 ])
 def test_faults_are_classified(run_matrix, mode, cls, line):
     result = run_matrix(fake_matrix(modes=[mode], timeout=60))

@@ -63,6 +63,7 @@ def test_pp_stages_without_the_loss_are_not_the_cell_losses():
     """torchtitan 0.2 logs `loss: -1.0000` on PP stages before the last; the loss is the last stage's."""
     first_stage = "step:  1  loss: -1.0000  grad_norm: 7.9\nstep:  2  loss: -1.0000  grad_norm: 7.1\n"
     last_stage = "step:  1  loss:  8.1324  grad_norm: 7.9\nstep:  2  loss:  7.9001  grad_norm: 7.1\n"
-    assert cell_losses({0: first_stage, 1: first_stage, 2: last_stage, 3: last_stage}) == {1: 8.1324, 2: 7.9001}
-    assert cell_losses({0: first_stage}) == {}  # only sentinels: no loss was logged
-    assert cell_losses({0: "step:  1  loss: -1.0000\nstep:  2  loss:  0.5\n"}) == {1: -1.0, 2: 0.5}  # a real -1
+    losses, grads = cell_losses({0: first_stage, 1: first_stage, 2: last_stage, 3: last_stage})
+    assert losses == {1: 8.1324, 2: 7.9001} and grads == {1: 7.9, 2: 7.1}
+    assert cell_losses({0: first_stage}) == ({}, {})  # only sentinels: no loss was logged
+    assert cell_losses({0: "step:  1  loss: -1.0000\nstep:  2  loss:  0.5\n"})[0] == {1: -1.0, 2: 0.5}  # a real -1

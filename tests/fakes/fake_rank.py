@@ -9,6 +9,7 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   exit3      --rank calls os._exit(3) at step 2         noresult  every rank exits 0, no steps
   flood      --rank writes --flood-mb MB of log lines    orphan    rank 0 leaves a detached child
   nan        losses become NaN at step 2                 perturb   loss of step >= 2 off by --delta
+  zerograd   grad_norm is 0.0000 from step 2 (a step that trained nothing)
 """
 
 import argparse
@@ -71,9 +72,10 @@ def main():
             loss = float("nan")
         if a.mode == "perturb" and step >= 2:
             loss += a.delta
+        grad_norm = 0.0 if a.mode == "zerograd" and step >= 2 else 1.0
         barrier(folder, step, rank, world)
-        print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  grad_norm: 1.0",
-              flush=True)
+        print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  "
+              f"grad_norm: {grad_norm:7.4f}", flush=True)
     with open(os.path.join(a.dump, f"times.rank{rank}"), "w") as f:  # for the packing tests
         f.write(f"{started} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
     return 0
