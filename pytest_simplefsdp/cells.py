@@ -7,7 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .matrix import Matrix, MatrixError
+from .matrix import RULE_FUNCTIONS, Matrix, MatrixError
 
 
 @dataclass
@@ -72,7 +72,7 @@ def _drop_reason(matrix: Matrix, axes: dict):
     names = rule_names(matrix, axes)
     for rule in matrix.rules:
         try:
-            dropped = eval(rule.code, {"__builtins__": {"len": len, "min": min, "max": max}}, names)
+            dropped = eval(rule.code, {"__builtins__": {}, **RULE_FUNCTIONS}, names)  # checked by compile_rule
         except NameError as e:
             raise MatrixError(f"{rule.where}: rule {rule.name!r} uses an unknown name: {e}; "
                               f"known: {', '.join(sorted(names))}") from None

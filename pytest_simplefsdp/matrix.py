@@ -6,6 +6,7 @@ cells with a reason. Every error names the file, the line and the offending valu
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -279,6 +280,30 @@ def _mappings(path, parent, key, allowed, what):
         yield where, item
 
 
+# what a rule may say: names, constants, comparisons (in / not in too), and/or/not, arithmetic, a literal
+# tuple/list/set, a conditional, and calls of these functions. No attributes, subscripts, lambdas or
+# comprehensions: `().__class__.__base__.__subclasses__()` once reached os.system from a matrix file.
+RULE_FUNCTIONS = {"len": len, "min": min, "max": max}
+_RULE_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd, ast.BinOp,
+               ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Compare, ast.Eq, ast.NotEq, ast.Lt,
+               ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List,
+               ast.Set, ast.IfExp, ast.Call)
+
+
+def compile_rule(expr: str, name: str):
+    """Code for a drop_if expression, or a ValueError saying which construct a rule may not use."""
+    tree = ast.parse(expr, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _RULE_NODES):
+            raise ValueError(f"{type(node).__name__} ({ast.get_source_segment(expr, node) or '?'}) is not allowed")
+        if isinstance(node, ast.Name) and node.id.startswith("__"):
+            raise ValueError(f"name {node.id!r} is not allowed")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in RULE_FUNCTIONS
+                                               and not node.keywords):
+            raise ValueError(f"call {ast.get_source_segment(expr, node)!r}: only {', '.join(RULE_FUNCTIONS)} may be called")
+    return compile(tree, f"<rule {name}>", "eval")
+
+
 def _rules(path, doc):
     """The `rules` list of a mapping (the matrix or its `trace` section)."""
     rules = []
@@ -289,9 +314,12 @@ def _rules(path, doc):
         where = _line(path, item, key="drop_if")  # errors are about the expression
         rule = Rule(str(item["name"]), str(item["drop_if"]), str(item["reason"]), where)
         try:
-            rule.code = compile(rule.drop_if, f"<rule {rule.name}>", "eval")
+            rule.code = compile_rule(rule.drop_if, rule.name)
         except SyntaxError as e:
             raise MatrixError(f"{where}: rule {rule.name!r}: drop_if is not a valid expression: {rule.drop_if!r} ({e.msg})") from None
+        except ValueError as e:
+            raise MatrixError(f"{where}: rule {rule.name!r}: drop_if {rule.drop_if!r}: {e}; a rule may use names, "
+                              f"comparisons, in, and/or/not, arithmetic and {', '.join(RULE_FUNCTIONS)}") from None
         rules.append(rule)
     names = [r.name for r in rules]
     dupes = {n for n in names if names.count(n) > 1}

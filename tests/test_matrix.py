@@ -138,3 +138,30 @@ def test_shipped_profiles():
     assert counts["cpu"][0] >= 30 and 1 <= counts["cpu"][1] <= 4
     assert counts["h100x8"][0] >= 30
     assert counts["cpu"][2].device == "cpu" and counts["h100x8"][2].device == "cuda"
+
+
+@pytest.mark.parametrize("expr, message", [
+    # the escape that once ran os.system from a matrix file, even under --simplefsdp-dry-run
+    ("().__class__.__base__.__subclasses__()", r"call '\(\).__class__.__base__.__subclasses__\(\)': only len, min, max "
+                                               r"may be called"),
+    ("len(().__class__.__base__.__subclasses__)", r"Attribute \(\(\).__class__.__base__.__subclasses__\) is not allowed"),
+    ("__import__('os').system('touch {marker}') or True", r"only len, min, max may be called"),
+    ("len(__builtins__) > 0", r"name '__builtins__' is not allowed"),
+    ("len([c for c in ()]) == 0", r"ListComp .* is not allowed"),
+    ("len((lambda: 1,)) == 1", r"Lambda .* is not allowed"),
+    ("open('{marker}', 'w')", r"call \"open\('.*', 'w'\)\": only len, min, max may be called"),
+    ("world_sizes[0] == 2", r"Subscript .* is not allowed"),
+])
+def test_rules_cannot_run_code(tmp_path, expr, message):
+    marker = tmp_path / "pwned"
+    text = BASE.replace("drop_if: ep > 1 and not moe", f"drop_if: \"{expr.format(marker=marker)}\"", 1)
+    with pytest.raises(MatrixError, match=r"m\.yaml:20: rule 'ep-needs-moe': drop_if .*" + message):
+        load(tmp_path, text)
+    assert not marker.exists()
+
+
+def test_rules_keep_their_vocabulary(tmp_path):
+    text = BASE.replace("drop_if: ep > 1 and not moe",
+                        "drop_if: \"ep > 1 and not moe or (world not in (2, 4) and max(tp, ep) >= len([1]) + 9)\"", 1)
+    _, cells, dropped = load(tmp_path, text)
+    assert cells and dropped
