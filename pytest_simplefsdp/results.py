@@ -217,6 +217,9 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
         elif expected_steps and len(res.losses) < expected_steps:
             fail("no_result", f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps "
                               f"logged a loss", None)
+        elif not res.losses:  # whatever the settings say, a cell that trained no step is no pass
+            fail("no_result", "every rank exited 0 but no step logged a loss (and the matrix sets no "
+                              "settings.steps)", None)
     if res.status == "failed" and PORT_TAKEN.search(res.error_text or ""):
         res.failure_class = "infra"
         res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -161,3 +162,24 @@ def test_torchrun_launcher_names_the_first_failing_rank(run_matrix):
                                  "*segv-r2: [[]crash[]] rank 1 killed by SIGSEGV*",
                                  "*rerun: *torchrun --nproc-per-node=2*--no-python*"])
     assert not marked("fail-r2") and not marked("segv-r2") and not marked("pass-r2")
+
+
+def test_a_cell_that_logged_no_step_never_passes(run_matrix):
+    """`/bin/true` exits 0 on every rank; without settings.steps there is no count to miss, and still no pass."""
+    text = textwrap.dedent("""\
+        profile: fake
+        target: {command: ["/bin/true"]}
+        device: cpu
+        world_sizes: [2]
+        degrees: [ranks]
+        timeout: 30
+        axes:
+          mode: [quiet]
+          ranks: [2]
+        ids:
+          ranks: {prefix: r}
+        """)
+    result = run_matrix(text)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*quiet-r2: [[]no_result[]] every rank exited 0 but no step logged a loss*"])
+    assert not marked("quiet-r2")
