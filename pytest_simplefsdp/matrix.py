@@ -160,7 +160,9 @@ def _check_keys(path, node, allowed, what):
             )
 
 
-def _entries(path, doc, key, axes):
+def _entries(path, doc, key, axes, known_values=False):
+    """Partial cells under ``doc[key]``; ``known_values``: each value must be one its axis lists (an
+    exclude of a value no axis has removes nothing, and is a typo)."""
     node = doc.get(key) or []
     if not isinstance(node, list):
         raise MatrixError(f"{_line(path, doc, key=key)}: `{key}` must be a list of partial cells")
@@ -175,6 +177,9 @@ def _entries(path, doc, key, axes):
                     f"{_line(path, item, key=axis)}: `{key}` names unknown axis {axis!r}; "
                     f"axes: {', '.join(axes)}"
                 )
+            if known_values and _plain(item[axis]) not in axes[axis]:
+                raise MatrixError(f"{_line(path, item, key=axis)}: `{key}` entry {axis}: {_plain(item[axis])!r} is "
+                                  f"not a value of axis {axis!r}; its values: {', '.join(map(str, axes[axis]))}")
         out.append(Entry(_plain(item), where))
     return out
 
@@ -259,7 +264,7 @@ def load_matrix(path) -> Matrix:
         axes=axes,
         settings=_plain(doc.get("settings") or {}),
         models=_plain(doc.get("models") or {}),
-        exclude=_entries(path, doc, "exclude", axes),
+        exclude=_entries(path, doc, "exclude", axes, known_values=True),
         include=_entries(path, doc, "include", axes),
         rules=rules,
         smoke=_entries(path, doc, "smoke", axes),

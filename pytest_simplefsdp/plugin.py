@@ -163,8 +163,8 @@ def _number(config, name, default=0):
         number = float(value)
     except ValueError:
         raise pytest.UsageError(f"--simplefsdp-{name}: not a number: {value!r}") from None
-    if not number > 0:
-        raise pytest.UsageError(f"--simplefsdp-{name} must be positive, got {value}")
+    if not (number > 0 and math.isfinite(number)):
+        raise pytest.UsageError(f"--simplefsdp-{name} must be a positive finite number, got {value}")
     return number
 
 

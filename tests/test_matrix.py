@@ -116,6 +116,12 @@ def test_exclude_with_unknown_axis(tmp_path):
         load(tmp_path, BASE + "exclude:\n  - {compiler: jit}\n")
 
 
+def test_exclude_with_a_value_no_axis_has(tmp_path):
+    with pytest.raises(MatrixError, match=r"m\.yaml:27: `exclude` entry tp: 3 is not a value of axis 'tp'; "
+                                          r"its values: 1, 2"):
+        load(tmp_path, BASE + "exclude:\n  - {tp: 3}\n")
+
+
 def test_invalid_yaml_names_line(tmp_path):
     with pytest.raises(MatrixError, match=r"m\.yaml:4: not valid YAML"):
         load(tmp_path, "profile: t\naxes:\n  model: [a, b\n  x: 1\n: :\n")

@@ -133,6 +133,8 @@ def test_junitxml_carries_axes_and_class(run_matrix, pytester):
 @pytest.mark.parametrize("args, message", [
     (["--simplefsdp-profile=nope"], "*unknown profile 'nope'; known: auto, all, *cpu*h100x8*"),
     (["--simplefsdp-timeout=soon"], "*--simplefsdp-timeout: not a number: 'soon'*"),
+    (["--simplefsdp-timeout=inf"], "*--simplefsdp-timeout must be a positive finite number, got inf*"),
+    (["--simplefsdp-log-limit=0"], "*--simplefsdp-log-limit must be a positive finite number, got 0*"),
     (["--simplefsdp-launcher=mpirun"], "*unknown launcher 'mpirun'; known: torchrun, local*"),
 ])
 def test_bad_options_are_usage_errors(pytester, args, message):
