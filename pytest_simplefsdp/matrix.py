@@ -145,9 +145,13 @@ def load_yaml(path):
     try:
         return YAML(typ="rt").load(text)
     except YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        # the parser notices a problem where it stops (often the next line); the construct it was reading
+        # (context) starts where the typo is
+        mark, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
+        where = f"{path}:{(context or mark).line + 1}" if (context or mark) else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if context and mark and context.line != mark.line:
+            problem = f"{getattr(e, 'context', None) or 'here'}: {problem} (noticed at line {mark.line + 1})"
         raise MatrixError(f"{where}: not valid YAML: {problem}") from None
 
 
@@ -158,6 +162,13 @@ def _check_keys(path, node, allowed, what):
                 f"{_line(path, node, key=key)}: unknown {what} key {key!r}; "
                 f"allowed: {', '.join(sorted(allowed))}"
             )
+
+
+def _mapping_or_none(path, doc, key, where, prefix=""):
+    node = doc.get(key)
+    if node is not None and not isinstance(node, dict):
+        kind = "a list" if isinstance(node, list) else f"{_plain(node)!r}"
+        raise MatrixError(f"{where}: `{prefix}{key}` must be a mapping (name: value), got {kind}")
 
 
 def _entries(path, doc, key, axes, known_values=False):
@@ -221,6 +232,8 @@ def load_matrix(path) -> Matrix:
         if bad:
             raise MatrixError(f"{_line(path, axes_node, key=d)}: degree axis {d!r} has non-positive-integer values {bad}")
 
+    for key in ("settings", "models", "ids", "groups"):  # (a list here once crashed or passed silently)
+        _mapping_or_none(path, doc, key, lines.get(key))
     rules = _rules(path, doc)
     trace = None
     if doc.get("trace") is not None:
@@ -228,10 +241,11 @@ def load_matrix(path) -> Matrix:
         if not isinstance(node, dict):
             raise MatrixError(f"{lines['trace']}: `trace` must be a mapping with keys {sorted(TRACE_KEYS)}")
         _check_keys(path, node, TRACE_KEYS, "trace")
+        for key in ("models", "settings"):
+            _mapping_or_none(path, node, key, _line(path, node, key=key) if key in node else None, "trace.")
         trace = {"models": _plain(node.get("models") or {}), "settings": _plain(node.get("settings") or {}),
                  "rules": _rules(path, node), "rank": int(node.get("rank", 0))}
 
-    ids = _plain(doc.get("ids") or {})
     ids = _plain(doc.get("ids") or {})
     for axis, spec in ids.items():
         where = _line(path, doc["ids"], key=axis)
@@ -242,7 +256,7 @@ def load_matrix(path) -> Matrix:
         _check_keys(path, doc["ids"][axis], ID_KEYS, f"ids.{axis}")
 
     timeout = doc.get("timeout")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0 or math.isnan(timeout)):
+    if timeout is not None and (not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
         raise MatrixError(f"{lines['timeout']}: timeout must be a positive number of seconds, got {timeout!r}")
 
     groups = {}

@@ -123,7 +123,9 @@ def test_exclude_with_a_value_no_axis_has(tmp_path):
 
 
 def test_invalid_yaml_names_line(tmp_path):
-    with pytest.raises(MatrixError, match=r"m\.yaml:4: not valid YAML"):
+    # the unclosed list is on line 3; the parser only notices on line 4
+    with pytest.raises(MatrixError, match=r"m\.yaml:3: not valid YAML: while parsing a flow sequence: .*"
+                                          r"\(noticed at line 4\)"):
         load(tmp_path, "profile: t\naxes:\n  model: [a, b\n  x: 1\n: :\n")
 
 
@@ -171,3 +173,16 @@ def test_rules_keep_their_vocabulary(tmp_path):
                         "drop_if: \"ep > 1 and not moe or (world not in (2, 4) and max(tp, ep) >= len([1]) + 9)\"", 1)
     _, cells, dropped = load(tmp_path, text)
     assert cells and dropped
+
+
+@pytest.mark.parametrize("key", ["settings", "models", "ids", "groups"])
+def test_a_list_where_a_mapping_belongs_names_the_key_and_line(tmp_path, key):
+    text = f"profile: t\ntarget: titan03\nworld_sizes: [1]\ndegrees: []\naxes:\n  model: [llama3]\n{key}: [1, 2]\n"
+    (tmp_path / "m.yaml").write_text(text)
+    with pytest.raises(MatrixError, match=rf"m\.yaml:7: `{key}` must be a mapping \(name: value\), got a list"):
+        load_matrix(tmp_path / "m.yaml")
+
+
+def test_an_infinite_timeout_is_refused(tmp_path):
+    with pytest.raises(MatrixError, match=r"timeout must be a positive number of seconds, got inf"):
+        load(tmp_path, BASE + "timeout: .inf\n")
