@@ -232,6 +232,7 @@ class _Supervisor:
 
     def _watch(self, procs, on_first_failure, alive_ranks, start):
         self._listed, self._logs = -1e9, []
+        torn_down = None  # when the first failure's tear-down (SIGTERM) went out
         while True:
             for key, p in procs.items():
                 code = p.poll()
@@ -239,9 +240,18 @@ class _Supervisor:
                     self.outcome.exit_codes[key] = code
                     if code != 0 and on_first_failure and self.outcome.first_failed_rank is None:
                         on_first_failure(key, code, procs)
+                        torn_down = time.monotonic()
             if len(self.outcome.exit_codes) == len(procs):
                 break
             now = time.monotonic()
+            if torn_down is not None and now > torn_down + TERM_GRACE_S:
+                # a peer that ignores SIGTERM must not turn the first failure into a hang
+                self.outcome.notes.append(f"ranks still running {TERM_GRACE_S:.0f} s after rank "
+                                          f"{self.outcome.first_failed_rank} failed were killed (SIGKILL)")
+                self.kill(grace=0.0)
+                for key, p in procs.items():
+                    self.outcome.exit_codes.setdefault(key, p.wait())
+                break
             if now > self.deadline(start, now):
                 self.on_deadline(procs, alive_ranks)
                 for key, p in procs.items():

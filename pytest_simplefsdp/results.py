@@ -32,6 +32,7 @@ CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is no
 
 # what a native crash prints before the signal (the first one names the cause)
 CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$")
+FAULTHANDLER = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 FAILURE_CLASSES = ("invalid_config", "compile", "runtime", "crash", "hang", "no_result", "numerics", "infra")
 
@@ -185,11 +186,14 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
 
     if outcome.launch_error:
         fail("infra", outcome.launch_error)
-    elif outcome.timed_out:
+    elif outcome.timed_out and outcome.first_failed_rank is None:  # a rank that failed first is the cause
         ranks = ", ".join(map(str, outcome.stuck_ranks)) or "unknown"
         fail("hang", f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}",
              outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
-        res.details.append("every rank's Python stack was dumped into its log (SIGUSR1/faulthandler)")
+        dumped = [r for r in outcome.stuck_ranks if FAULTHANDLER.search(texts.get(r, ""))]
+        silent = [r for r in outcome.stuck_ranks if r not in dumped]
+        res.details.append(f"Python stacks (SIGUSR1, faulthandler) are in the logs of ranks {dumped or 'none'}"
+                           + (f"; ranks {silent} left none (SIGUSR1 ignored or blocked, or no Python)" if silent else ""))
     elif outcome.log_flood:
         fail("runtime", f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell was stopped "
                         f"and its logs were cut", None)
@@ -220,6 +224,8 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
         elif not res.losses:  # whatever the settings say, a cell that trained no step is no pass
             fail("no_result", "every rank exited 0 but no step logged a loss (and the matrix sets no "
                               "settings.steps)", None)
+    if outcome.timed_out and outcome.first_failed_rank is not None:
+        res.details.append(f"ranks {outcome.stuck_ranks} were still running at the timeout and were killed")
     if res.status == "failed" and PORT_TAKEN.search(res.error_text or ""):
         res.failure_class = "infra"
         res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"

@@ -118,3 +118,34 @@ def test_end_of_session_sweep_finds_and_kills_this_sessions_processes():
         assert stray.wait(timeout=10) is not None and not session_leftovers()
     finally:
         stray.kill()
+
+
+@pytest.mark.parametrize("launcher", ["local", "fork", "torchrun"])
+def test_the_first_failure_is_the_cause_when_a_peer_ignores_sigterm(run_matrix, pytester, launcher):
+    """Rank 0 raises; rank 2 ignores SIGTERM and waits for it forever. The cell is rank 0's runtime error
+    (not a hang of rank 2), and rank 2 is killed, not left to the cell timeout."""
+    text = fake_matrix(modes=["failignore"], ranks=[3], args=', "--rank", "2"', timeout=120)
+    if launcher == "fork":  # the fork server runs `python -m module` programs
+        text = text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
+            "target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
+    out = pytester.path / "run.json"
+    result = run_matrix(text, f"--simplefsdp-json={out}", launcher=launcher)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*failignore-r3: [[]runtime[]] RuntimeError: fake failure on purpose*"])
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert cell["failing_rank"] == 0 and cell["failure_class"] == "runtime"
+    assert not any("still running at the timeout" in d for d in cell["details"]), cell["details"]
+    assert not marked("failignore-r3")
+
+
+def test_a_hang_says_which_ranks_left_no_stack(run_matrix, pytester):
+    """Rank 1 ignores SIGUSR1: its log has no stack, and the report says so instead of claiming every rank's."""
+    out = pytester.path / "run.json"
+    result = run_matrix(fake_matrix(modes=["usr1ignore"], ranks=[2], args=', "--rank", "1"', timeout=5),
+                        f"--simplefsdp-json={out}")
+    result.assert_outcomes(failed=1)
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert cell["failure_class"] == "hang" and cell["stuck_ranks"] == [0, 1]
+    assert "Python stacks (SIGUSR1, faulthandler) are in the logs of ranks [0]; ranks [1] left none" in " ".join(
+        cell["details"])
+    assert not marked("usr1ignore-r2")

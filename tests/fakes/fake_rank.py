@@ -10,6 +10,8 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   flood      --rank writes --flood-mb MB of log lines    orphan    rank 0 leaves a detached child
   nan        losses become NaN at step 2                 perturb   loss of step >= 2 off by --delta
   zerograd   grad_norm is 0.0000 from step 2 (a step that trained nothing)
+  failignore rank 0 raises at step --at-step while --rank ignores SIGTERM (and waits for rank 0 forever)
+  usr1ignore --rank ignores SIGUSR1 (no stack dump) and hangs like `hang`
 """
 
 import argparse
@@ -43,18 +45,25 @@ def main():
     os.makedirs(folder, exist_ok=True)
     started = time.time()
     time.sleep(a.startup)
+    target = a.rank if a.rank >= 0 else world + a.rank
+    if a.mode == "failignore" and rank == target:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.mode == "usr1ignore" and rank == target:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     print(f"fake rank {rank}/{world} pid {os.getpid()} mode {a.mode}", flush=True)
     if a.mode == "noresult":
         return 0
     if a.mode == "orphan" and rank == 0:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     for step in range(1, a.steps + 1):
-        me = rank == (a.rank if a.rank >= 0 else world + a.rank) and step == a.at_step
+        me = rank == target and step == a.at_step
+        if a.mode == "failignore" and rank == 0 and step == a.at_step:
+            raise RuntimeError("fake failure on purpose")
         if me and a.mode == "fail":
             kind, _, msg = a.error.partition(": ")
             exc = {"RuntimeError": RuntimeError, "ValueError": ValueError, "AssertionError": AssertionError}
             raise exc.get(kind, RuntimeError)(msg)
-        if me and a.mode == "hang":
+        if me and a.mode in ("hang", "usr1ignore"):
             time.sleep(3600)
         if me and a.mode == "segv":
             os.kill(os.getpid(), signal.SIGSEGV)
