@@ -1,7 +1,7 @@
 """The fork server behind ``--simplefsdp-launcher fork`` (started as ``python -m pytest_simplefsdp.forkserver``).
 
-It imports the target's modules once (torch, torchtitan, the config module: most of a CPU cell's
-wall time), then for each cell forks one child per rank. A child starts a new session, sends its
+It imports the target's modules once (what the entry module imports at its top: torch, torchtitan;
+and the config module: most of a CPU cell's wall time), then for each cell forks one child per rank. A child starts a new session, sends its
 output to its rank log, takes the environment torchrun would give it and runs the entry module as
 ``__main__``; every cell gets fresh forks, so nothing a cell changes reaches the next one. The
 server itself never initialises CUDA, thread pools or process groups: importing torch does none.
@@ -21,6 +21,16 @@ import traceback
 
 
 def _child(req, rank, server):
+    """A rank, in a forked child: whatever the target does (even closing stdout and stderr before it
+    raises), the child leaves through os._exit with the rank's code and never returns into the server."""
+    code = 1
+    try:
+        code = _rank(req, rank, server)
+    finally:
+        os._exit(code)
+
+
+def _rank(req, rank, server):
     os.setsid()
     try:
         import ctypes
@@ -52,12 +62,18 @@ def _child(req, rank, server):
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - a rank's error is its exit code and its log
-        traceback.print_exc()
         code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        try:
+            with os.fdopen(os.dup(2), "w") as err:  # fd 2, even if the target closed sys.stderr
+                traceback.print_exc(file=err)
+        except OSError:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by the target
+            pass
+    return code
 
 
 def _say(obj):
@@ -65,8 +81,35 @@ def _say(obj):
     sys.__stdout__.flush()
 
 
+def _entry_imports(module):
+    """The absolute imports at the top of the entry module's source. The server imports these, not the
+    entry module itself: a script whose body runs at import (no ``__main__`` guard) must run in its
+    ranks, never inside the server."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return []
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), spec.origin)
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
 def main():
-    for name in sys.argv[1:]:
+    entry, *preload = sys.argv[1:]
+    for name in _entry_imports(entry):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the rank that imports it will report it
+            pass
+    for name in preload:
         importlib.import_module(name)
     _say({"ready": True})
     server = os.getpid()
@@ -76,7 +119,7 @@ def main():
         for rank in range(req["nproc"]):
             pid = os.fork()
             if pid == 0:
-                _child(req, rank, server)
+                _child(req, rank, server)  # never returns
             pids[pid] = rank
         _say({"pids": list(pids)})
         while pids:

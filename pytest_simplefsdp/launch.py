@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -433,14 +434,19 @@ class _ForkServer:
         self.marker = f"forkserver:{SESSION}:{key}"
         env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = _python_path(command)
+        self.errors = tempfile.TemporaryFile()  # the server's own stderr: why it did not start
         self.proc = subprocess.Popen([sys.executable, "-m", "pytest_simplefsdp.forkserver", *preload], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                     cwd=command.cwd, preexec_fn=_die_with_parent(signal.SIGKILL))
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
+                                     bufsize=1, cwd=command.cwd, preexec_fn=_die_with_parent(signal.SIGKILL))
         self.ranks, self.replies = {}, []
         self.changed = threading.Condition()
         first = self.proc.stdout.readline()
         if not first.startswith('{"ready"'):
-            raise OSError(f"fork server did not start (preloading {' '.join(preload)})")
+            self.close()  # a server that did not start is not left behind
+            self.errors.seek(0)
+            tail = [line for line in self.errors.read().decode(errors="replace").splitlines() if line.strip()]
+            raise OSError(f"fork server did not start (preloading {' '.join(preload)}): "
+                          f"{tail[-1] if tail else 'it exited without a word'}")
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):

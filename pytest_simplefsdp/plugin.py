@@ -411,8 +411,8 @@ class MatrixSession:
         lines = []
         for run in self.runs:
             lines.append(f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
-                         f"cells={len(run.cells)} n/a={len(run.dropped)} launcher={self.launcher.name} "
-                         f"flags={run.target.spelling}" + (" DRY RUN" if self.dry_run else ""))
+                         f"cells={len(run.cells)} n/a={len(run.dropped)} flags={run.target.spelling} "
+                         f"launcher={self.launcher.name}" + (" DRY RUN" if self.dry_run else ""))
         return lines
 
     # --- running ------------------------------------------------------------------------

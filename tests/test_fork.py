@@ -35,3 +35,37 @@ def test_fork_falls_back_for_scripts_and_says_so(run_matrix):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*fork launcher: not a `python -m module` program of this interpreter; "
                                  "ran under the local launcher*"])
+
+
+@pytest.mark.parametrize("launcher", ["fork", "local", "torchrun"])
+def test_a_rank_that_closes_its_output_and_raises_fails(run_matrix, pytester, launcher):
+    """Under fork this once recorded exit code 0 on every rank and passed the cell."""
+    out = pytester.path / "run.json"
+    result = run_matrix(module_matrix(["closeraise"]), f"--simplefsdp-json={out}", launcher=launcher)
+    result.assert_outcomes(failed=1)
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert (cell["failure_class"], cell["failing_rank"]) == ("runtime", 1), cell
+    assert cell["exit_codes"]["1"] == 1
+    if launcher == "fork":  # the server keeps fd 2, so the traceback still reaches the rank log
+        assert cell["error_line"] == "RuntimeError: fake failure on purpose"
+    assert not marked("closeraise-r2") and not marked("forkserver:")
+
+
+def test_a_module_without_a_main_guard_runs_in_its_ranks_not_in_the_server(run_matrix, pytester):
+    """The server imports what the entry module imports, never the module's own body."""
+    (pytester.path / "unguarded_rank.py").write_text(
+        "import os, sys\n"
+        "print(f'unguarded body ran in pid {os.getpid()} rank {os.environ.get(\"RANK\")}', flush=True)\n"
+        "for step in (1, 2, 3):\n"
+        "    print(f'step: {step}  loss: {10.0 / step:8.5f}  grad_norm: 1.0', flush=True)\n")
+    text = module_matrix(["pass"]).replace('"-m", "fake_rank"', '"-m", "unguarded_rank"').replace(
+        str(FAKE_RANK.parent), str(pytester.path))
+    out = pytester.path / "run.json"
+    result = run_matrix(text, f"--simplefsdp-json={out}", launcher="fork")
+    result.assert_outcomes(passed=1)
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert cell["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
+    assert not any("local launcher" in d for d in cell["details"])  # it really forked
+    logs = [open(p).read() for paths in cell["rank_logs"].values() for p in paths]
+    assert all("unguarded body ran in pid" in log for log in logs)
+    assert not marked("forkserver:")

@@ -12,6 +12,7 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   zerograd   grad_norm is 0.0000 from step 2 (a step that trained nothing)
   failignore rank 0 raises at step --at-step while --rank ignores SIGTERM (and waits for rank 0 forever)
   usr1ignore --rank ignores SIGUSR1 (no stack dump) and hangs like `hang`
+  closeraise --rank closes its stdout and stderr, then raises at step --at-step
 """
 
 import argparse
@@ -58,6 +59,10 @@ def main():
     for step in range(1, a.steps + 1):
         me = rank == target and step == a.at_step
         if a.mode == "failignore" and rank == 0 and step == a.at_step:
+            raise RuntimeError("fake failure on purpose")
+        if me and a.mode == "closeraise":
+            sys.stdout.close()
+            sys.stderr.close()
             raise RuntimeError("fake failure on purpose")
         if me and a.mode == "fail":
             kind, _, msg = a.error.partition(": ")
