@@ -83,6 +83,48 @@ def session_leftovers():
     return [p for p in psutil.process_iter(["pid"]) if _token_of(p).count(f":{SESSION}:")]
 
 
+def become_subreaper():
+    """PR_SET_CHILD_SUBREAPER on the runner: a process that leaves its cell (setsid, double fork) and
+    drops its environment (so no marker) is re-parented to the runner instead of init, where the
+    after-cell sweep finds it. Linux only; elsewhere the marker sweep is all there is."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _runner_children():
+    """The runner's live children (zombies are reaped on the way)."""
+    out = []
+    for p in psutil.Process().children():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, os.WNOHANG)
+            else:
+                out.append(p)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            pass
+    return out
+
+
+def orphans_since(before: set):
+    """Children the runner got during a cell that carry no cell marker and live outside the runner's
+    session: processes re-parented to the runner after they left their cell's environment (a cell's
+    processes all start in sessions of their own; what the runner starts itself, e.g. tlparse while
+    another cell runs, stays in the runner's)."""
+    mine = os.getsid(0)
+    out = []
+    for p in _runner_children():
+        try:
+            if p.pid not in before and not _token_of(p) and os.getsid(p.pid) != mine:
+                out.append(p)
+        except ProcessLookupError:
+            pass
+    return out
+
+
 def _token_of(p):
     try:
         return p.environ().get(MARKER, "")
@@ -211,13 +253,15 @@ class _Supervisor:
 
         ``alive_ranks()`` names the ranks still running (default: the keys of live procs)."""
         start = time.monotonic()
+        before = {p.pid for p in _runner_children()} | {p.pid for p in procs.values()}
         try:
             self._watch(procs, on_first_failure, alive_ranks, start)
         except BaseException:  # Ctrl-C / SIGTERM of the runner: leave nothing behind
             self.kill(grace=1.0)
+            kill_procs(orphans_since(before), grace=0.5)
             raise
         self.outcome.wall = time.monotonic() - start
-        self.outcome.survivors = self.kill()
+        self.outcome.survivors = self.kill() + kill_procs(orphans_since(before), grace=0.5)
 
     def deadline(self, start, now):
         """When the cell counts as hung (a scheduler's launcher starts the clock later)."""

@@ -26,7 +26,7 @@ import pytest
 
 from . import report
 from .cells import Cell, cell_id, expand, id_parts, value_id, world_size
-from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port, kill_procs, session_leftovers
+from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, become_subreaper, free_port, kill_procs, session_leftovers
 from .launch_slurm import SlurmLauncher, SlurmOptions, check_cluster
 from .matrix import MatrixError, load_matrix, with_tier
 from .numerics import compare, lane_for, mismatch_line, plot
@@ -119,6 +119,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "simplefsdp: a cell of the SimpleFSDP composability matrix")
     config.addinivalue_line("markers", "smoke: the small tier of matrix cells that CI runs (pytest -m smoke)")
     if option(config, "matrix"):
+        become_subreaper()  # orphans that shed the cell's marker come back to us (see launch)
         config.pluginmanager.register(MatrixSession(config), "simplefsdp-session")
         signal.signal(signal.SIGTERM, _terminate)
 

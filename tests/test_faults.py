@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from conftest import FAKE_RANK, fake_matrix, interruptible, marked
@@ -149,3 +150,26 @@ def test_a_hang_says_which_ranks_left_no_stack(run_matrix, pytester):
     assert "Python stacks (SIGUSR1, faulthandler) are in the logs of ranks [0]; ranks [1] left none" in " ".join(
         cell["details"])
     assert not marked("usr1ignore-r2")
+
+
+def sleepers(seconds="97"):
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if p.info["cmdline"] == ["sleep", seconds]:
+            found.append(p)
+    return found
+
+
+@pytest.mark.parametrize("launcher", ["local", "fork", "torchrun"])
+def test_a_daemon_that_sheds_group_and_environment_is_found_and_killed(run_matrix, pytester, launcher):
+    """setsid + double fork + execve with an empty environment: no process group, no marker; the runner is
+    the child subreaper, so the daemon comes back to it and the after-cell sweep names and kills it."""
+    text = fake_matrix(modes=["daemon"])
+    if launcher == "fork":
+        text = text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
+            "target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
+    result = run_matrix(text, launcher=launcher)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*daemon-r2: [[]infra[]] 1 process(es) outlived the cell and were killed: "
+                                 "pid * (sleep 97)*"])
+    assert not sleepers() and not marked("daemon-r2")

@@ -13,6 +13,7 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   failignore rank 0 raises at step --at-step while --rank ignores SIGTERM (and waits for rank 0 forever)
   usr1ignore --rank ignores SIGUSR1 (no stack dump) and hangs like `hang`
   closeraise --rank closes its stdout and stderr, then raises at step --at-step
+  daemon     rank 0 double-forks a setsid daemon that execs `sleep 97` with an empty environment
 """
 
 import argparse
@@ -54,6 +55,11 @@ def main():
     print(f"fake rank {rank}/{world} pid {os.getpid()} mode {a.mode}", flush=True)
     if a.mode == "noresult":
         return 0
+    if a.mode == "daemon" and rank == 0 and os.fork() == 0:  # escapes the process group and the marker
+        os.setsid()
+        if os.fork() == 0:
+            os.execve("/bin/sleep", ["sleep", "97"], {})
+        os._exit(0)
     if a.mode == "orphan" and rank == 0:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     for step in range(1, a.steps + 1):
