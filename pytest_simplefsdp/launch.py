@@ -287,6 +287,11 @@ class _Supervisor:
                         on_first_failure(key, code, procs)
                         torn_down = time.monotonic()
             if len(self.outcome.exit_codes) == len(procs):
+                # ranks that wrote past the limit and exited between two polls: sizes once more, every file
+                self._listed = -1e9
+                if self.logs_size(time.monotonic()) > self.spec.log_limit_bytes:
+                    self.outcome.log_flood = self.spec.log_limit_bytes
+                    self.cap_logs()
                 break
             now = time.monotonic()
             if torn_down is not None and now > torn_down + TERM_GRACE_S:
