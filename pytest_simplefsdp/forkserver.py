@@ -1,9 +1,9 @@
 """The fork server behind ``--simplefsdp-launcher fork`` (started as ``python -m pytest_simplefsdp.forkserver``).
 
-It imports the target's modules once (what the entry module imports at its top: torch, torchtitan;
-and the config module: most of a CPU cell's wall time), then for each cell forks one child per rank. A child starts a new session, sends its
-output to its rank log, takes the environment torchrun would give it and runs the entry module as
-``__main__``; every cell gets fresh forks, so nothing a cell changes reaches the next one. The
+It imports the target's modules once (what the entry module imports at its top, e.g. torch and
+torchtitan, and the config module: most of a CPU cell's wall time), then for each cell forks one child
+per rank. A child starts a new session, sends its output to its rank log, takes the environment
+torchrun would give it and runs the entry module as ``__main__``; every cell gets fresh forks, so nothing a cell changes reaches the next one. The
 server itself never initialises CUDA, thread pools or process groups: importing torch does none.
 
 Protocol (JSON lines): stdin takes ``{"nproc", "first_rank", "module", "args", "env", "logs",
