@@ -47,6 +47,7 @@ def _rank(req, rank, server):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.enable(all_threads=True)  # what PYTHONFAULTHANDLER=1 gives a fresh rank: a stack on SIGSEGV
     os.environ.clear()
     os.environ.update(req["env"])
     global_rank = req["first_rank"] + rank

@@ -25,6 +25,7 @@ def test_fork_gives_the_same_verdicts_as_local(run_matrix, pytester, launcher):
                    "exit3-r2": ("runtime", 1), "hang-r2": ("hang", 0), "noresult-r2": ("no_result", None)}
     assert cells["pass-r2"]["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
     assert "Current thread" in open(cells["hang-r2"]["rank_logs"]["1"][0]).read()  # stacks dumped
+    assert "Fatal Python error: Segmentation fault" in open(cells["segv-r2"]["rank_logs"]["1"][0]).read()
     for cid in cells:
         assert not marked(cid)
     assert not marked("forkserver:")
