@@ -27,6 +27,61 @@ class Evidence:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Expect:
+    """One thing a cell's label implies about its run: ``key`` of every rank's probe record is ``value``."""
+
+    axis: str  # the label part, e.g. "tp=2"
+    key: str  # "<section>.<name>" of the probe record, e.g. "mesh.tp", "config.compile.mode"
+    value: str
+    default: str | None = None  # what an absent key means (a mesh axis of size 1 is not built)
+
+    def line(self):
+        return f"{self.axis} <- {self.key}"
+
+
+def read_probes(folder: Path) -> dict:
+    """rank -> the probe record it wrote ($SIMPLEFSDP_EVIDENCE_DIR/rank<N>.json)."""
+    records = {}
+    for path in sorted(Path(folder).glob("rank*.json")):
+        try:
+            records[int(path.stem[4:])] = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+    return records
+
+
+def _lookup(record, key, default):
+    section, _, name = key.partition(".")
+    value = record.get(section, {}).get(name, default)
+    return None if value is None else str(value)
+
+
+def check(expects: list, folder: Path) -> list:
+    """The evidence for each expectation, from every rank's probe record."""
+    if not expects:
+        return []
+    records = read_probes(folder)
+    out = []
+    for e in expects:
+        expected = f"{e.key} = {e.value} on every rank"
+        if not records:
+            out.append(Evidence(e.axis, expected, f"no probe record in {folder}", False))
+            continue
+        seen = {rank: _lookup(rec, e.key, e.default) for rank, rec in sorted(records.items())}
+        wrong = {r: v for r, v in seen.items() if v != e.value}
+        if not wrong:
+            out.append(Evidence(e.axis, expected, f"{e.value} on ranks {', '.join(map(str, seen))}", True))
+        else:
+            by_value = {}
+            for r, v in wrong.items():
+                by_value.setdefault(v, []).append(r)
+            saw = "; ".join(f"{'nothing' if v is None else v} on ranks {', '.join(map(str, rs))}"
+                            for v, rs in by_value.items())
+            out.append(Evidence(e.axis, expected, saw, False))
+    return out
+
+
 def _trace_entries(trace_dir: Path, key: str):
     """Per rank-file counts of structured-trace records of kind ``key``. TORCH_TRACE writes a record as
     one line ``<glog prefix>] {"<kind>": {...}, ...}`` followed by tab-indented payload lines."""

@@ -540,7 +540,7 @@ class ForkLauncher(LocalLauncher):
     Known limit: environment read at import time (e.g. TORCH_TRACE) takes the server's value."""
 
     name = "fork"
-    PER_CELL_ENV = ("TORCH_TRACE",)
+    PER_CELL_ENV = ("TORCH_TRACE", "SIMPLEFSDP_EVIDENCE_DIR")  # not part of which server a cell uses
 
     def __init__(self):
         self.servers = {}

@@ -427,6 +427,7 @@ class MatrixSession:
         port = port or free_port()
         command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
                                      seed_folder=seed)
+        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(cell_dir / "evidence")  # where ranks record what ran
         # the trace tier: one process plays rank `trace.rank` of the cell's world
         nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == "trace" else (cell.world, 0)
         return LaunchSpec(cell.id, command, nproc, cell_dir, self.cell_timeout(run), port, self.log_limit,
@@ -625,6 +626,9 @@ class MatrixSession:
                         spec = self.spec_for(run, cell, port=29500)
                         tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]")
                         tr.write_line(f"  {self.launcher_for(run).reproducer(spec)}")
+                        plan = run.target.evidence_plan(cell)
+                        if plan:
+                            tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")
             for run in self.runs:
                 tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
             return

@@ -167,9 +167,15 @@ class TorchtitanTarget:
                               f"axis pp_schedule={axes['pp_schedule']}"))
         return flags
 
+    def evidence_plan(self, cell):
+        """What the run must show for the cell's label: [evidence.Expect] (none for this target)."""
+        return []
+
     def evidence(self, cell, log_dir: Path):
         """What the run left behind that shows the cell's label took effect (see ``evidence``)."""
-        return []
+        from .evidence import check
+
+        return check(self.evidence_plan(cell), Path(log_dir) / "evidence")
 
     def losses(self, dump_folder: Path):
         return {}
@@ -303,20 +309,46 @@ class Titan03(TorchtitanTarget):
 
         return tensorboard_losses(dump_folder)
 
+    MESH_AXES = ("dp_replicate", "cp", "tp", "pp", "ep")  # built as 1-D meshes of these names when > 1
+
+    def evidence_plan(self, cell):
+        """From the shim's probe (the job config torchtitan parsed, the ParallelDims and meshes it built):
+        every degree as asked, a mesh axis of that size for each parallelism, the compile mode, memory
+        policy, inductor strategy or backend, and the PP schedule."""
+        from .evidence import Expect
+
+        a, plan = cell.axes, []
+        for axis in self.DEGREE_FLAGS:
+            if axis in a:
+                plan.append(Expect(f"{axis}={a[axis]}", f"degrees.{axis}", str(a[axis])))
+                if axis in self.MESH_AXES:
+                    plan.append(Expect(f"{axis}={a[axis]}", f"mesh.{axis}", str(a[axis]), default="1"))
+        mode = a.get("compile", "aot_fx_trace")
+        plan.append(Expect(f"compile={mode}", "config.compile.mode", "None" if mode == "eager" else mode))
+        for flag in self.compile_flags(a)[1:]:  # inductor strategy or backend, memory policy
+            plan.append(Expect(flag.source.removeprefix("axis ").removeprefix("setting "), f"config.{flag.name}",
+                               str(flag.value)))
+        if a.get("pp", 1) > 1:
+            plan.append(Expect(f"pp_schedule={a['pp_schedule']}", "config.parallelism.pipeline_parallel_schedule",
+                               a["pp_schedule"]))
+        return plan
+
     def evidence(self, cell, log_dir: Path):
-        """What the run left behind that shows its label took effect: [(axis, expected, seen, ok)]."""
+        """The probe's evidence and, for an inductor cell, inductor's output code in the compile trace."""
         from .evidence import inductor_codegen
 
+        found = super().evidence(cell, log_dir)
         a = cell.axes
         if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and self.matrix.tier == "real":
-            return [inductor_codegen(Path(log_dir) / "torch_trace")]
-        return []
+            found.append(inductor_codegen(Path(log_dir) / "torch_trace"))
+        return found
 
     def command(self, cell, dump_folder: Path, seed_folder: Path | None = None, **_):
         module, config = self.job_config(cell.axes)
         args = ["--module", module, "--config", config, *self.spell(cell.axes, self.flags(cell, dump_folder, seed_folder))]
         args += [str(x) for x in self.matrix.settings.get("extra_args", [])]
         env = _shim_env(self.matrix.device, self.name)
+        env["SIMPLEFSDP_PROBE"] = "titan03"  # the shim records what torchtitan really used (evidence_plan)
         if self.matrix.tier == "trace":
             env["NGPU"] = str(cell.world)
         if cell.axes.get("compile", "aot_fx_trace") != "eager":  # structured compile trace: tlparse, evidence
@@ -395,12 +427,17 @@ class CommandTarget:
         spec = matrix.target
         self.argv = spec.get("command")
         self.env = spec.get("env") or {}
+        self.expects = spec.get("evidence") or {}  # axis -> key of the record the program writes
         where = matrix.where("target")
         if not isinstance(self.argv, list) or not self.argv:
             raise MatrixError(f"{where}: target.command must be a non-empty list of arguments")
-        unknown = set(spec) - {"command", "env"}
+        unknown = set(spec) - {"command", "env", "evidence"}
         if unknown:
-            raise MatrixError(f"{where}: unknown target keys {sorted(unknown)}; allowed: command, env")
+            raise MatrixError(f"{where}: unknown target keys {sorted(unknown)}; allowed: command, env, evidence")
+        if not isinstance(self.expects, dict) or any(a not in matrix.axes for a in self.expects) or any(
+                "." not in str(k) for k in self.expects.values()):
+            raise MatrixError(f"{where}: target.evidence must map axes ({', '.join(matrix.axes)}) to probe keys "
+                              f"'<section>.<name>', got {self.expects!r}")
         known = set(matrix.axes) | set(matrix.settings) | {"python", "nproc", "port", "dump_folder", "matrix_dir"}
         for part in [*self.argv, *self.env.values()]:
             for _, name, _, _ in string.Formatter().parse(str(part)):
@@ -419,8 +456,15 @@ class CommandTarget:
     def bind(self, cells):
         pass
 
+    def evidence_plan(self, cell):
+        from .evidence import Expect
+
+        return [Expect(f"{axis}={cell.axes[axis]}", str(key), str(cell.axes[axis])) for axis, key in self.expects.items()]
+
     def evidence(self, cell, log_dir):
-        return []
+        from .evidence import check
+
+        return check(self.evidence_plan(cell), Path(log_dir) / "evidence")
 
     def prepare(self):
         pass

@@ -171,3 +171,39 @@ def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pyteste
                                          "output code in the compile trace of every rank, saw none in 2 of 2")
     assert "--compile.inductor_compilation full" in Path(cell["log_dir"], "command.txt").read_text()
     assert cell["evidence"] and not cell["evidence"][0]["ok"]
+
+
+def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytester):
+    """tp=2 asked, undone after the target's flags (an ignored flag would look the same): the run trains
+    as plain FSDP on 2 ranks and exits 0; the shim's probe saw tp 1 and no tp mesh."""
+    matrix = pytester.path / "lying_tp.yaml"
+    matrix.write_text(textwrap.dedent("""\
+        profile: lying-tp
+        target: titan03
+        device: cpu
+        world_sizes: [2]
+        degrees: [dp_shard, tp]
+        timeout: 600
+        settings:
+          steps: 2
+          extra_args: ["--parallelism.tensor_parallel_degree", "1", "--parallelism.data_parallel_shard_degree", "2"]
+        models:
+          llama3: {module: titan03_configs, config: llama3_debugmodel_cpu}
+        axes:
+          model: [llama3]
+          dp_shard: [1]
+          tp: [2]
+          compile: [eager]
+        """))
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=900)
+    result.assert_outcomes(failed=1)
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert sorted(cell["losses"]) == ["1", "2"]  # it trained
+    assert cell["failure_class"] == "invalid_config"
+    assert cell["error_line"] == ("the run does not show its label: dp_shard=1: expected degrees.dp_shard = 1 on every "
+                                  "rank, saw 2 on ranks 0, 1")
+    wrong = {e["axis"] + " " + e["expected"].split(" =")[0] for e in cell["evidence"] if not e["ok"]}
+    assert wrong == {"dp_shard=1 degrees.dp_shard", "tp=2 degrees.tp", "tp=2 mesh.tp"}

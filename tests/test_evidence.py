@@ -51,3 +51,32 @@ def test_a_payload_line_that_mentions_the_kind_is_not_a_record(tmp_path):
     trace.mkdir()
     (trace / "rank_0.log").write_text(trace_line("artifact") + '\t] {"inductor_output_code": 1}\n')
     assert not inductor_codegen(trace).ok
+
+
+def test_a_command_target_that_ignores_its_tp_flag_fails_as_invalid_config(run_matrix, pytester):
+    """The label says tp=2; the program trains, exits 0, and records a TP mesh of 1: not a pass."""
+    from conftest import fake_matrix
+
+    text = fake_matrix(modes=["pass", "ignoretp"], args=', "--tp", "{tp}"').replace(
+        "  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1).replace(
+        "target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
+    out = pytester.path / "run.json"
+    result = run_matrix(text, f"--simplefsdp-json={out}")
+    result.assert_outcomes(passed=1, failed=1)
+    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    honest, liar = cells["pass-r2-2"], cells["ignoretp-r2-2"]
+    assert honest["evidence"] == [{"axis": "tp=2", "expected": "mesh.tp = 2 on every rank", "seen": "2 on ranks 0, 1",
+                                   "ok": True}]
+    assert liar["failure_class"] == "invalid_config"
+    assert liar["error_line"] == ("the run does not show its label: tp=2: expected mesh.tp = 2 on every rank, "
+                                  "saw 1 on ranks 0, 1")
+    assert sorted(liar["losses"]) == ["1", "2", "3"]  # it trained: only the evidence tells
+
+
+def test_the_dry_run_says_what_will_be_checked(run_matrix):
+    from conftest import fake_matrix
+
+    text = fake_matrix(args=', "--tp", "{tp}"').replace("  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1).replace(
+        "target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
+    result = run_matrix(text, "--simplefsdp-dry-run")
+    result.stdout.fnmatch_lines(["*pass-r2-2*", "*", "  evidence: tp=2 <- mesh.tp"])

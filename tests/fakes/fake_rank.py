@@ -14,6 +14,9 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   usr1ignore --rank ignores SIGUSR1 (no stack dump) and hangs like `hang`
   closeraise --rank closes its stdout and stderr, then raises at step --at-step
   daemon     rank 0 double-forks a setsid daemon that execs `sleep 97` with an empty environment
+  ignoretp   like pass, but every rank records a TP mesh of size 1 whatever --tp asked
+With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
+shim's probe does for torchtitan.
 """
 
 import argparse
@@ -41,6 +44,7 @@ def main():
     p.add_argument("--delta", type=float, default=1e-3)
     p.add_argument("--startup", type=float, default=0.0, help="seconds to sleep before step 1")
     p.add_argument("--at-step", type=int, default=2, help="the step at which --rank misbehaves")
+    p.add_argument("--tp", type=int, default=None, help="the TP degree asked; recorded as evidence")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
@@ -48,6 +52,11 @@ def main():
     started = time.time()
     time.sleep(a.startup)
     target = a.rank if a.rank >= 0 else world + a.rank
+    if a.tp is not None and os.environ.get("SIMPLEFSDP_EVIDENCE_DIR"):
+        folder = os.environ["SIMPLEFSDP_EVIDENCE_DIR"]
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+            f.write('{"mesh": {"tp": %d}}' % (1 if a.mode == "ignoretp" else a.tp))
     if a.mode == "failignore" and rank == target:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.mode == "usr1ignore" and rank == target:
