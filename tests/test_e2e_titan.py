@@ -135,6 +135,16 @@ def test_slurm_launcher_matches_torchrun_on_real_cells(pytester, slurm):
     assert any(d.startswith("SLURM step ") and " on n[1-2] " in d for d in tp["details"]), tp["details"]
 
 
+def run_one_failing_cell(pytester, matrix):
+    """Run a one-cell matrix file that must fail; its JSON record."""
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=900)
+    result.assert_outcomes(failed=1)
+    return json.loads(out.read_text())["runs"][0]["cells"][0]
+
+
 def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pytester):
     """The bug that once made 36 GPU cells duplicates: a cell called inductor that inductor never compiled.
     Here the flag the target passes is overridden after it (extra_args), as an ignored flag would be; the
@@ -159,12 +169,7 @@ def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pyteste
           backend: [inductor]
           memory_policy: [default]
         """))
-    out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=900)
-    result.assert_outcomes(failed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_one_failing_cell(pytester, matrix)
     assert sorted(cell["losses"]) == ["1", "2"]  # it trained: only the evidence tells
     assert cell["failure_class"] == "invalid_config"
     # two independent witnesses: the config torchtitan parsed (the probe) and the compile trace
@@ -197,12 +202,7 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
           tp: [2]
           compile: [eager]
         """))
-    out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=900)
-    result.assert_outcomes(failed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_one_failing_cell(pytester, matrix)
     assert sorted(cell["losses"]) == ["1", "2"]  # it trained
     assert cell["failure_class"] == "invalid_config"
     assert cell["error_line"] == ("the run does not show its label: dp_shard=1: expected degrees.dp_shard = 1 on every "
