@@ -40,6 +40,11 @@ class Expect:
         return f"{self.axis} <- {self.key}"
 
 
+def probe_folder(log_dir: Path) -> Path:
+    """Where a cell's ranks write their probe records ($SIMPLEFSDP_EVIDENCE_DIR)."""
+    return Path(log_dir) / "evidence"
+
+
 def read_probes(folder: Path) -> dict:
     """rank -> the probe record it wrote ($SIMPLEFSDP_EVIDENCE_DIR/rank<N>.json)."""
     records = {}
@@ -57,10 +62,11 @@ def _lookup(record, key, default):
     return None if value is None else str(value)
 
 
-def check(expects: list, folder: Path) -> list:
-    """The evidence for each expectation, from every rank's probe record."""
+def check(expects: list, log_dir: Path) -> list:
+    """The evidence for each expectation, from every rank's probe record in the cell's folder."""
     if not expects:
         return []
+    folder = probe_folder(log_dir)
     records = read_probes(folder)
     out = []
     for e in expects:

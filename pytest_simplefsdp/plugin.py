@@ -26,6 +26,7 @@ import pytest
 
 from . import report
 from .cells import Cell, cell_id, expand, id_parts, value_id, world_size
+from .evidence import probe_folder
 from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, become_subreaper, free_port, kill_procs, session_leftovers
 from .launch_slurm import SlurmLauncher, SlurmOptions, check_cluster
 from .matrix import MatrixError, load_matrix, with_tier
@@ -427,7 +428,7 @@ class MatrixSession:
         port = port or free_port()
         command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
                                      seed_folder=seed)
-        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(cell_dir / "evidence")  # where ranks record what ran
+        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir))  # where ranks record what ran
         # the trace tier: one process plays rank `trace.rank` of the cell's world
         nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == "trace" else (cell.world, 0)
         return LaunchSpec(cell.id, command, nproc, cell_dir, self.cell_timeout(run), port, self.log_limit,

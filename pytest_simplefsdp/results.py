@@ -240,7 +240,7 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
     # a step that trained nothing (every PP cell once ran without backward and passed) is never a pass
     dead = sorted(k for k, v in res.grad_norms.items() if v == 0 or not math.isfinite(v))
     if res.status == "passed" and dead:
-        fail("numerics", f"grad_norm is {res.grad_norms[dead[0]]} at step {dead[0]}: that step trained nothing"
-                         if res.grad_norms[dead[0]] == 0 else f"grad_norm is {res.grad_norms[dead[0]]} at step {dead[0]}")
+        step, norm = dead[0], res.grad_norms[dead[0]]
+        fail("numerics", f"grad_norm is {norm} at step {step}" + (": that step trained nothing" if norm == 0 else ""))
     return res
 

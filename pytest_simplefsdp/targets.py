@@ -22,6 +22,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .evidence import Expect, check, inductor_codegen
 from .matrix import Matrix, MatrixError
 from .titan_options import Flag, OptionError, read_options, unchecked
 
@@ -173,9 +174,7 @@ class TorchtitanTarget:
 
     def evidence(self, cell, log_dir: Path):
         """What the run left behind that shows the cell's label took effect (see ``evidence``)."""
-        from .evidence import check
-
-        return check(self.evidence_plan(cell), Path(log_dir) / "evidence")
+        return check(self.evidence_plan(cell), log_dir)
 
     def losses(self, dump_folder: Path):
         return {}
@@ -315,8 +314,6 @@ class Titan03(TorchtitanTarget):
         """From the shim's probe (the job config torchtitan parsed, the ParallelDims and meshes it built):
         every degree as asked, a mesh axis of that size for each parallelism, the compile mode, memory
         policy, inductor strategy or backend, and the PP schedule."""
-        from .evidence import Expect
-
         a, plan = cell.axes, []
         for axis in self.DEGREE_FLAGS:
             if axis in a:
@@ -335,8 +332,6 @@ class Titan03(TorchtitanTarget):
 
     def evidence(self, cell, log_dir: Path):
         """The probe's evidence and, for an inductor cell, inductor's output code in the compile trace."""
-        from .evidence import inductor_codegen
-
         found = super().evidence(cell, log_dir)
         a = cell.axes
         if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and self.matrix.tier == "real":
@@ -457,14 +452,10 @@ class CommandTarget:
         pass
 
     def evidence_plan(self, cell):
-        from .evidence import Expect
-
         return [Expect(f"{axis}={cell.axes[axis]}", str(key), str(cell.axes[axis])) for axis, key in self.expects.items()]
 
     def evidence(self, cell, log_dir):
-        from .evidence import check
-
-        return check(self.evidence_plan(cell), Path(log_dir) / "evidence")
+        return check(self.evidence_plan(cell), log_dir)
 
     def prepare(self):
         pass

@@ -94,13 +94,17 @@ class Options:
             choices = self.names[name]
             if choices is not ANY and value is not True and str(value) not in choices:
                 raise OptionError(flag, f"--{name} {value}: {self.origin} accepts {', '.join(choices)}")
-            argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+            argv += _argv(name, value)
         return argv
 
 
 def unchecked(flags: list[Flag]) -> list[str]:
     """argv as the target wrote it, for a dry run where the target's torchtitan is not installed."""
-    return [a for f in flags for a in ([f"--{f.name}"] if f.value is True else [f"--{f.name}", str(f.value)])]
+    return [a for f in flags for a in _argv(f.name, f.value)]
+
+
+def _argv(name, value):
+    return [f"--{name}"] if value is True else [f"--{name}", str(value)]
 
 
 # --- reading the installed torchtitan (in a subprocess of the ranks' Python) --------------------
