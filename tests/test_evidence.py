@@ -80,3 +80,13 @@ def test_the_dry_run_says_what_will_be_checked(run_matrix):
         "target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
     result = run_matrix(text, "--simplefsdp-dry-run")
     result.stdout.fnmatch_lines(["*pass-r2-2*", "*", "  evidence: tp=2 <- mesh.tp"])
+
+
+def test_bad_evidence_keys_are_usage_errors_naming_the_file(run_matrix, pytester):
+    from conftest import fake_matrix
+
+    text = fake_matrix().replace("target:\n", "target:\n  evidence: {nope: mesh.tp}\n", 1)
+    result = run_matrix(text)
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*fake.yaml:2: target.evidence must map axes (mode, ranks) to probe keys "
+                                 "'<section>.<name>', got {'nope': 'mesh.tp'}*"])
