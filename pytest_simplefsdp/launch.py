@@ -95,34 +95,48 @@ def become_subreaper():
         return False
 
 
+# Root processes the launchers started, by pid. A sweep must never wait for one of them: a reaped
+# child reads as exit code 0 to its Popen (ECHILD), so a rank that raised while a packed cell's
+# sweep ran would pass, and its peers would wait for it until the timeout.
+_OWNED: dict[int, subprocess.Popen] = {}
+_SPAWN = threading.Lock()  # a child between fork and exec is not owned yet and has no marker
+
+
+def spawn(argv, **kwargs) -> subprocess.Popen:
+    """subprocess.Popen for a cell's (or fork server's) root process, owned so no sweep reaps it."""
+    with _SPAWN:
+        proc = subprocess.Popen(argv, **kwargs)
+        _OWNED[proc.pid] = proc
+    return proc
+
+
 def _runner_children():
-    """The runner's live children (zombies are reaped on the way)."""
+    """The runner's live children that no launcher owns and the runner did not start in its own
+    session (subprocess.run of tlparse, sinfo, ...: theirs to wait for). Dead ones are reaped on the
+    way: they can only be orphans the runner, as child subreaper, inherited."""
+    mine = os.getsid(0)
     out = []
-    for p in psutil.Process().children():
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(p.pid, os.WNOHANG)
-            else:
-                out.append(p)
-        except (psutil.NoSuchProcess, ChildProcessError):
-            pass
+    with _SPAWN:
+        for pid in [pid for pid, proc in _OWNED.items() if proc.returncode is not None]:
+            del _OWNED[pid]  # reaped by its Popen: the pid may be reused
+        for p in psutil.Process().children():
+            try:
+                if p.pid in _OWNED or os.getsid(p.pid) == mine:
+                    continue
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(p.pid, os.WNOHANG)
+                else:
+                    out.append(p)
+            except (psutil.NoSuchProcess, ProcessLookupError, ChildProcessError):
+                pass
     return out
 
 
 def orphans_since(before: set):
-    """Children the runner got during a cell that carry no cell marker and live outside the runner's
-    session: processes re-parented to the runner after they left their cell's environment (a cell's
-    processes all start in sessions of their own; what the runner starts itself, e.g. tlparse while
-    another cell runs, stays in the runner's)."""
-    mine = os.getsid(0)
-    out = []
-    for p in _runner_children():
-        try:
-            if p.pid not in before and not _token_of(p) and os.getsid(p.pid) != mine:
-                out.append(p)
-        except ProcessLookupError:
-            pass
-    return out
+    """Children the runner got during a cell that carry no cell marker: processes re-parented to the
+    runner after they left their cell's session and environment (a cell's processes all start in
+    sessions of their own; see _runner_children for what is never counted)."""
+    return [p for p in _runner_children() if p.pid not in before and not _token_of(p)]
 
 
 def _token_of(p):
@@ -156,14 +170,30 @@ def kill_procs(procs, grace: float = TERM_GRACE_S):
             p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, rest = psutil.wait_procs(procs, timeout=grace)
+    rest = _wait_procs(procs, grace)
     for p in rest:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(rest, timeout=5)
+    _wait_procs(rest, 5)
     return alive
+
+
+def _wait_procs(procs, timeout):
+    """psutil.wait_procs, but an owned process is waited for through its Popen, which keeps its exit
+    code (psutil would reap it and the Popen read 0). Returns the processes still alive."""
+    end = time.monotonic() + timeout
+    owned = [(p, _OWNED.get(p.pid)) for p in procs]
+    rest = []
+    for p, proc in owned:
+        if proc is not None:
+            try:
+                proc.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                rest.append(p)
+    _, more = psutil.wait_procs([p for p, proc in owned if proc is None], timeout=max(0.0, end - time.monotonic()))
+    return rest + more
 
 
 def _die_with_parent(sig=signal.SIGTERM):
@@ -372,7 +402,7 @@ class LocalLauncher:
                 out.rank_logs[r] = [log]
                 f = open(log, "wb")
                 files.append(f)
-                procs[r] = subprocess.Popen(spec.command.argv, env=env, cwd=spec.command.cwd, stdout=f,
+                procs[r] = spawn(spec.command.argv, env=env, cwd=spec.command.cwd, stdout=f,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, preexec_fn=_die_with_parent(signal.SIGKILL))
         except OSError:
@@ -418,7 +448,7 @@ class TorchrunLauncher:
         out.launcher_log = spec.log_dir / "torchrun.log"
         with open(out.launcher_log, "wb") as f:
             try:
-                proc = subprocess.Popen(self.torchrun_argv(spec), env=_rank_env(spec, token),
+                proc = spawn(self.torchrun_argv(spec), env=_rank_env(spec, token),
                                         cwd=spec.command.cwd, stdout=f, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_die_with_parent(signal.SIGTERM))  # torchrun stops its workers
@@ -484,7 +514,7 @@ class _ForkServer:
         env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = _python_path(command)
         self.errors = tempfile.TemporaryFile()  # the server's own stderr: why it did not start
-        self.proc = subprocess.Popen([sys.executable, "-m", "pytest_simplefsdp.forkserver", *preload], env=env,
+        self.proc = spawn([sys.executable, "-m", "pytest_simplefsdp.forkserver", *preload], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                      bufsize=1, cwd=command.cwd, preexec_fn=_die_with_parent(signal.SIGKILL))
         self.ranks, self.replies = {}, []

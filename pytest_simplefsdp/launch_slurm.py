@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from .launch import (STACK_DUMP_WAIT_S, LaunchOutcome, LaunchSpec, TorchrunLauncher, _die_with_parent, _quote_env,
-                     _rank_env, _Supervisor, cell_token)
+                     _rank_env, _Supervisor, cell_token, spawn)
 
 GPUS_PER_NODE = 8  # a GPU cell's default ranks per node
 STEP_LINE = "simplefsdp-step"
@@ -136,7 +136,7 @@ class SlurmLauncher:
         out.launcher_log = spec.log_dir / "srun.log"
         with open(out.launcher_log, "wb") as f:
             try:
-                proc = subprocess.Popen(argv, env=_rank_env(spec, token), cwd=spec.command.cwd, stdout=f,
+                proc = spawn(argv, env=_rank_env(spec, token), cwd=spec.command.cwd, stdout=f,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=_die_with_parent(signal.SIGTERM))  # srun stops its step
             except OSError as e:

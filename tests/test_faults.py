@@ -173,3 +173,31 @@ def test_a_daemon_that_sheds_group_and_environment_is_found_and_killed(run_matri
     result.stdout.fnmatch_lines(["*daemon-r2: [[]infra[]] 1 process(es) outlived the cell and were killed: "
                                  "pid * (sleep 97)*"])
     assert not sleepers() and not marked("daemon-r2")
+
+
+def _zombie(proc):
+    """Wait until ``proc`` has exited but nobody has waited for it yet."""
+    deadline = time.monotonic() + 10
+    while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_sweep_never_takes_the_exit_code_of_another_cells_rank():
+    """Packed cells: one cell's orphan sweep ran while another cell's rank had just raised. The sweep
+    reaped it, its Popen read exit code 0, and the cell became a hang of its waiting peer (CI, test_packing)."""
+    rank = launch.spawn([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
+    own = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"])  # e.g. tlparse, run by the runner itself
+    _zombie(rank)
+    _zombie(own)
+    assert launch.orphans_since(set()) == []
+    assert (rank.wait(timeout=10), own.wait(timeout=10)) == (3, 4)
+
+
+def test_a_killed_rank_keeps_its_signal_as_exit_code():
+    """kill_procs on a launcher's own child waits through its Popen: a rank stopped at the timeout
+    reads -SIGTERM in the report, not the 0 a reaped child reads."""
+    rank = launch.spawn([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    time.sleep(0.3)
+    kill_procs([psutil.Process(rank.pid)], grace=5)
+    assert rank.returncode == -signal.SIGTERM
