@@ -17,6 +17,7 @@ class Cell:
     world: int
     smoke: bool = False
     where: str = ""  # the matrix line the cell came from (axes or an include entry)
+    mutant: str | None = None  # the bug re-injected into this run of the cell (the mutation tier)
 
 
 @dataclass
@@ -84,6 +85,10 @@ def _drop_reason(matrix: Matrix, axes: dict):
             except (KeyError, IndexError, ValueError) as e:
                 raise MatrixError(f"{rule.where}: rule {rule.name!r}: reason refers to unknown name {e}") from None
             return rule.name, reason
+    world = names["world"]
+    if matrix.degrees and world not in matrix.world_sizes:  # a layout no rule caught must not reach a launcher
+        product = " x ".join(f"{d} {axes[d]}" for d in matrix.degrees)
+        return "world_sizes", f"{world} ranks ({product}) is not one of world_sizes {matrix.world_sizes}"
     return None
 
 

@@ -196,7 +196,7 @@ def _wait_procs(procs, timeout):
     return rest + more
 
 
-def _die_with_parent(sig=signal.SIGTERM):
+def die_with_parent(sig=signal.SIGTERM):
     """preexec_fn: the child gets ``sig`` when the runner dies, even by SIGKILL (Linux)."""
     try:
         import ctypes
@@ -221,7 +221,7 @@ def _python_path(command: RankCommand):
     return os.pathsep.join(dict.fromkeys(p for p in parts if p))
 
 
-def _rank_env(spec: LaunchSpec, token: str):
+def rank_env(spec: LaunchSpec, token: str):
     env = dict(os.environ)
     env.update(spec.command.env)
     env["PYTHONPATH"] = _python_path(spec.command)
@@ -230,7 +230,7 @@ def _rank_env(spec: LaunchSpec, token: str):
     return env
 
 
-def _quote_env(env: dict):
+def quote_env(env: dict):
     return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
 
 
@@ -241,7 +241,7 @@ def _python_module(argv):
     return None
 
 
-class _Supervisor:
+class Supervisor:
     """Waits for a set of root processes; handles timeout, failure tear-down and log floods."""
 
     def __init__(self, spec, token, outcome, finder=None):
@@ -354,7 +354,7 @@ class LocalLauncher:
     remote = False  # the ranks run on this host: its GPUs and rank budget apply
 
     def reproducer(self, spec: LaunchSpec):
-        env = _quote_env(spec.command.env)
+        env = quote_env(spec.command.env)
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
         ranks = " & ".join(
             f"RANK={spec.first_rank + r} LOCAL_RANK={r} WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
@@ -383,14 +383,14 @@ class LocalLauncher:
                         pass
 
         try:
-            _Supervisor(spec, token, out, finder).run(procs, tear_down)
+            Supervisor(spec, token, out, finder).run(procs, tear_down)
         finally:
             close()
         return out
 
     def _start(self, spec, token, out):
         """Start the ranks: (rank -> process, finder of the cell's processes, clean-up)."""
-        base = _rank_env(spec, token)
+        base = rank_env(spec, token)
         procs, files = {}, []
         try:
             for r in range(spec.nproc):
@@ -404,7 +404,7 @@ class LocalLauncher:
                 files.append(f)
                 procs[r] = spawn(spec.command.argv, env=env, cwd=spec.command.cwd, stdout=f,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, preexec_fn=_die_with_parent(signal.SIGKILL))
+                                            start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
         except OSError:
             for f in files:
                 f.close()
@@ -439,7 +439,7 @@ class TorchrunLauncher:
         head = f"{exe if exe.exists() else 'torchrun'} --nproc-per-node={spec.nproc} --master-port={spec.port}"
         body = f"-m {module[0]} {shlex.join(module[1])}" if module else f"--no-python {shlex.join(spec.command.argv)}"
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
-        return f"{cd}{_quote_env(spec.command.env)} {head} {body}".strip()
+        return f"{cd}{quote_env(spec.command.env)} {head} {body}".strip()
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
         token = cell_token(spec)
@@ -448,14 +448,14 @@ class TorchrunLauncher:
         out.launcher_log = spec.log_dir / "torchrun.log"
         with open(out.launcher_log, "wb") as f:
             try:
-                proc = spawn(self.torchrun_argv(spec), env=_rank_env(spec, token),
+                proc = spawn(self.torchrun_argv(spec), env=rank_env(spec, token),
                                         cwd=spec.command.cwd, stdout=f, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=_die_with_parent(signal.SIGTERM))  # torchrun stops its workers
+                                        preexec_fn=die_with_parent(signal.SIGTERM))  # torchrun stops its workers
             except OSError as e:
                 out.launch_error = f"cannot start torchrun: {e.strerror or e}"
                 return out
-            _Supervisor(spec, token, out).run({"torchrun": proc}, alive_ranks=lambda: self._ranks_of(proc, token))
+            Supervisor(spec, token, out).run({"torchrun": proc}, alive_ranks=lambda: self._ranks_of(proc, token))
         code = out.exit_codes.pop("torchrun", None)
         for r in range(spec.nproc):
             out.rank_logs[r] = sorted((spec.log_dir / "torchrun").glob(f"*/attempt_*/{r}/std*.log"))
@@ -516,7 +516,7 @@ class _ForkServer:
         self.errors = tempfile.TemporaryFile()  # the server's own stderr: why it did not start
         self.proc = spawn([sys.executable, "-m", "pytest_simplefsdp.forkserver", *preload], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
-                                     bufsize=1, cwd=command.cwd, preexec_fn=_die_with_parent(signal.SIGKILL))
+                                     bufsize=1, cwd=command.cwd, preexec_fn=die_with_parent(signal.SIGKILL))
         self.ranks, self.replies = {}, []
         self.changed = threading.Condition()
         first = self.proc.stdout.readline()
@@ -595,7 +595,7 @@ class ForkLauncher(LocalLauncher):
     def _start(self, spec, token, out):
         server = self._server(spec.command)
         module, args = _python_module(spec.command.argv)
-        env = _rank_env(spec, token)
+        env = rank_env(spec, token)
         env["TORCHELASTIC_RUN_ID"] = token
         logs = [str(spec.log_dir / f"rank{r}.log") for r in range(spec.nproc)]
         for r, log in enumerate(logs):

@@ -23,8 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .launch import (STACK_DUMP_WAIT_S, LaunchOutcome, LaunchSpec, TorchrunLauncher, _die_with_parent, _quote_env,
-                     _rank_env, _Supervisor, cell_token, spawn)
+from .launch import (STACK_DUMP_WAIT_S, LaunchOutcome, LaunchSpec, TorchrunLauncher, die_with_parent, quote_env,
+                     rank_env, Supervisor, cell_token, spawn)
 
 GPUS_PER_NODE = 8  # a GPU cell's default ranks per node
 STEP_LINE = "simplefsdp-step"
@@ -121,7 +121,7 @@ class SlurmLauncher:
         except ValueError as e:
             return f"# not runnable under SLURM: {e}"
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
-        return cd + " ".join(filter(None, [_quote_env(spec.command.env), shlex.join(argv)]))
+        return cd + " ".join(filter(None, [quote_env(spec.command.env), shlex.join(argv)]))
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
         token = cell_token(spec)
@@ -136,9 +136,9 @@ class SlurmLauncher:
         out.launcher_log = spec.log_dir / "srun.log"
         with open(out.launcher_log, "wb") as f:
             try:
-                proc = spawn(argv, env=_rank_env(spec, token), cwd=spec.command.cwd, stdout=f,
+                proc = spawn(argv, env=rank_env(spec, token), cwd=spec.command.cwd, stdout=f,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=_die_with_parent(signal.SIGTERM))  # srun stops its step
+                                        preexec_fn=die_with_parent(signal.SIGTERM))  # srun stops its step
             except OSError as e:
                 out.launch_error = f"cannot start srun: {e.strerror or e}"
                 return out
@@ -165,7 +165,7 @@ class SlurmLauncher:
             step.kill(grace=1.0)
 
 
-class _StepSupervisor(_Supervisor):
+class _StepSupervisor(Supervisor):
     """The supervisor's loop over one srun; stack dumps and stops go through SLURM."""
 
     def __init__(self, spec, token, outcome, proc, queue_timeout, per_node):

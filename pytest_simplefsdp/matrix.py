@@ -32,14 +32,14 @@ TOP_KEYS = {
     "ids": "axis -> {prefix, omit}: how a value is written in a cell id",
     "timeout": "default per-cell timeout in seconds for this profile",
     "groups": "name -> partial cells: a keyword every matching cell gets (pytest -k NAME)",
-    "numerics": "compare losses with a baseline: {global_batch_size, baseline, lanes: [{name, match, rtol, "
-                "atol, max_miss}]}",
+    "numerics": "compare losses, gradient and parameter norms with a baseline: {global_batch_size, baseline, "
+                "lanes: [{name, match, rtol, atol, max_miss, grad_rtol, grad_atol, grad_steps}]}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
              "profile's when each cell runs as one simulated rank on a CPU machine",
 }
 TRACE_KEYS = {"models", "settings", "rules", "rank"}
 NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes"}
-LANE_KEYS = {"name", "match", "rtol", "atol", "max_miss"}
+LANE_KEYS = {"name", "match", "rtol", "atol", "max_miss", "grad_rtol", "grad_atol", "grad_steps"}
 RULE_KEYS = {"name", "drop_if", "reason"}
 ID_KEYS = {"prefix", "omit"}
 DEVICES = ("cpu", "cuda")
@@ -76,6 +76,9 @@ class Lane:
     atol: float = 0.0
     max_miss: float = 0.0  # share of steps allowed outside the tolerance
     where: str = ""
+    grad_rtol: float | None = None  # per-parameter gradient and parameter norms (default: rtol, atol)
+    grad_atol: float | None = None
+    grad_steps: int = 1  # steps whose per-parameter norms are compared (the weights are compared at step 0)
 
 
 @dataclass
@@ -113,16 +116,16 @@ class Matrix:
         return self.lines.get(key, str(self.path))
 
 
-def _plain(node):
+def plain(node):
     """ruamel's commented containers -> plain dicts/lists (values keep their types)."""
     if isinstance(node, dict):
-        return {k: _plain(v) for k, v in node.items()}
+        return {k: plain(v) for k, v in node.items()}
     if isinstance(node, list):
-        return [_plain(v) for v in node]
+        return [plain(v) for v in node]
     return node
 
 
-def _line(path, node, key=None, index=None):
+def line_of(path, node, key=None, index=None):
     try:
         if key is not None:
             line = node.lc.key(key)[0]
@@ -159,7 +162,7 @@ def _check_keys(path, node, allowed, what):
     for key in node:
         if key not in allowed:
             raise MatrixError(
-                f"{_line(path, node, key=key)}: unknown {what} key {key!r}; "
+                f"{line_of(path, node, key=key)}: unknown {what} key {key!r}; "
                 f"allowed: {', '.join(sorted(allowed))}"
             )
 
@@ -167,7 +170,7 @@ def _check_keys(path, node, allowed, what):
 def _mapping_or_none(path, doc, key, where, prefix=""):
     node = doc.get(key)
     if node is not None and not isinstance(node, dict):
-        kind = "a list" if isinstance(node, list) else f"{_plain(node)!r}"
+        kind = "a list" if isinstance(node, list) else f"{plain(node)!r}"
         raise MatrixError(f"{where}: `{prefix}{key}` must be a mapping (name: value), got {kind}")
 
 
@@ -176,22 +179,22 @@ def _entries(path, doc, key, axes, known_values=False):
     exclude of a value no axis has removes nothing, and is a typo)."""
     node = doc.get(key) or []
     if not isinstance(node, list):
-        raise MatrixError(f"{_line(path, doc, key=key)}: `{key}` must be a list of partial cells")
+        raise MatrixError(f"{line_of(path, doc, key=key)}: `{key}` must be a list of partial cells")
     out = []
     for i, item in enumerate(node):
-        where = _line(path, node, index=i)
+        where = line_of(path, node, index=i)
         if not isinstance(item, dict) or not item:
             raise MatrixError(f"{where}: `{key}` entry must be a mapping of axis: value, got {item!r}")
         for axis in item:
             if axis not in axes:
                 raise MatrixError(
-                    f"{_line(path, item, key=axis)}: `{key}` names unknown axis {axis!r}; "
+                    f"{line_of(path, item, key=axis)}: `{key}` names unknown axis {axis!r}; "
                     f"axes: {', '.join(axes)}"
                 )
-            if known_values and _plain(item[axis]) not in axes[axis]:
-                raise MatrixError(f"{_line(path, item, key=axis)}: `{key}` entry {axis}: {_plain(item[axis])!r} is "
+            if known_values and plain(item[axis]) not in axes[axis]:
+                raise MatrixError(f"{line_of(path, item, key=axis)}: `{key}` entry {axis}: {plain(item[axis])!r} is "
                                   f"not a value of axis {axis!r}; its values: {', '.join(map(str, axes[axis]))}")
-        out.append(Entry(_plain(item), where))
+        out.append(Entry(plain(item), where))
     return out
 
 
@@ -201,7 +204,7 @@ def load_matrix(path) -> Matrix:
     if not isinstance(doc, dict):
         raise MatrixError(f"{path}:1: a matrix file must be a YAML mapping, got {type(doc).__name__}")
     _check_keys(path, doc, TOP_KEYS, "top-level")
-    lines = {k: _line(path, doc, key=k) for k in doc}
+    lines = {k: line_of(path, doc, key=k) for k in doc}
     for key in ("profile", "target", "axes"):
         if key not in doc:
             raise MatrixError(f"{path}: missing required key `{key}`")
@@ -211,26 +214,26 @@ def load_matrix(path) -> Matrix:
         raise MatrixError(f"{lines['axes']}: `axes` must map axis names to lists of values")
     axes = {}
     for name, values in axes_node.items():
-        where = _line(path, axes_node, key=name)
+        where = line_of(path, axes_node, key=name)
         if not isinstance(values, list) or not values:
             raise MatrixError(f"{where}: axis {name!r} must be a non-empty list, got {values!r}")
         if len(set(map(repr, values))) != len(values):
             raise MatrixError(f"{where}: axis {name!r} lists a value twice: {list(values)}")
-        axes[name] = _plain(values)
+        axes[name] = plain(values)
 
     device = doc.get("device", "cpu")
     if device not in DEVICES:
         raise MatrixError(f"{lines.get('device', path)}: device {device!r} is not one of {DEVICES}")
-    world_sizes = _plain(doc.get("world_sizes", []))
+    world_sizes = plain(doc.get("world_sizes", []))
     if not world_sizes or not all(isinstance(w, int) and w > 0 for w in world_sizes):
         raise MatrixError(f"{lines.get('world_sizes', path)}: `world_sizes` must be a list of positive integers")
-    degrees = _plain(doc.get("degrees", []))
+    degrees = plain(doc.get("degrees", []))
     for d in degrees:
         if d not in axes:
             raise MatrixError(f"{lines['degrees']}: degree {d!r} is not an axis; axes: {', '.join(axes)}")
         bad = [v for v in axes[d] if not isinstance(v, int) or v < 1]
         if bad:
-            raise MatrixError(f"{_line(path, axes_node, key=d)}: degree axis {d!r} has non-positive-integer values {bad}")
+            raise MatrixError(f"{line_of(path, axes_node, key=d)}: degree axis {d!r} has non-positive-integer values {bad}")
 
     for key in ("settings", "models", "ids", "groups"):  # (a list here once crashed or passed silently)
         _mapping_or_none(path, doc, key, lines.get(key))
@@ -242,13 +245,13 @@ def load_matrix(path) -> Matrix:
             raise MatrixError(f"{lines['trace']}: `trace` must be a mapping with keys {sorted(TRACE_KEYS)}")
         _check_keys(path, node, TRACE_KEYS, "trace")
         for key in ("models", "settings"):
-            _mapping_or_none(path, node, key, _line(path, node, key=key) if key in node else None, "trace.")
-        trace = {"models": _plain(node.get("models") or {}), "settings": _plain(node.get("settings") or {}),
+            _mapping_or_none(path, node, key, line_of(path, node, key=key) if key in node else None, "trace.")
+        trace = {"models": plain(node.get("models") or {}), "settings": plain(node.get("settings") or {}),
                  "rules": _rules(path, node), "rank": int(node.get("rank", 0))}
 
-    ids = _plain(doc.get("ids") or {})
+    ids = plain(doc.get("ids") or {})
     for axis, spec in ids.items():
-        where = _line(path, doc["ids"], key=axis)
+        where = line_of(path, doc["ids"], key=axis)
         if axis not in axes:
             raise MatrixError(f"{where}: `ids` names unknown axis {axis!r}")
         if not isinstance(spec, dict):
@@ -262,7 +265,7 @@ def load_matrix(path) -> Matrix:
     groups = {}
     for name in doc.get("groups") or {}:
         if not re.fullmatch(r"[A-Za-z_]\w*", str(name)):
-            raise MatrixError(f"{_line(path, doc['groups'], key=name)}: group name {name!r} must be a word (-k NAME)")
+            raise MatrixError(f"{line_of(path, doc['groups'], key=name)}: group name {name!r} must be a word (-k NAME)")
         groups[str(name)] = _entries(path, doc["groups"], name, axes)
 
     return Matrix(
@@ -271,13 +274,13 @@ def load_matrix(path) -> Matrix:
         numerics=_numerics(path, doc, axes),
         trace=trace,
         profile=str(doc["profile"]),
-        target=_plain(doc["target"]),
+        target=plain(doc["target"]),
         device=device,
         world_sizes=world_sizes,
         degrees=degrees,
         axes=axes,
-        settings=_plain(doc.get("settings") or {}),
-        models=_plain(doc.get("models") or {}),
+        settings=plain(doc.get("settings") or {}),
+        models=plain(doc.get("models") or {}),
         exclude=_entries(path, doc, "exclude", axes, known_values=True),
         include=_entries(path, doc, "include", axes),
         rules=rules,
@@ -292,7 +295,7 @@ def load_matrix(path) -> Matrix:
 def _mappings(path, parent, key, allowed, what):
     """The mappings listed under ``parent[key]``, each checked for unknown keys, with its line."""
     for i, item in enumerate(parent.get(key) or []):
-        where = _line(path, parent[key], index=i)
+        where = line_of(path, parent[key], index=i)
         if not isinstance(item, dict):
             raise MatrixError(f"{where}: a {what} must be a mapping with keys {sorted(allowed)}")
         _check_keys(path, item, allowed, what)
@@ -330,7 +333,7 @@ def _rules(path, doc):
         missing = RULE_KEYS - set(item)
         if missing:
             raise MatrixError(f"{where}: rule {item.get('name', '?')!r} is missing {sorted(missing)}")
-        where = _line(path, item, key="drop_if")  # errors are about the expression
+        where = line_of(path, item, key="drop_if")  # errors are about the expression
         rule = Rule(str(item["name"]), str(item["drop_if"]), str(item["reason"]), where)
         try:
             rule.code = compile_rule(rule.drop_if, rule.name)
@@ -343,7 +346,7 @@ def _rules(path, doc):
     names = [r.name for r in rules]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
-        raise MatrixError(f"{_line(path, doc, key='rules')}: duplicate rule names {sorted(dupes)}")
+        raise MatrixError(f"{line_of(path, doc, key='rules')}: duplicate rule names {sorted(dupes)}")
     return rules
 
 
@@ -351,31 +354,38 @@ def _numerics(path, doc, axes):
     node = doc.get("numerics")
     if node is None:
         return None
-    where = _line(path, doc, key="numerics")
+    where = line_of(path, doc, key="numerics")
     if not isinstance(node, dict):
         raise MatrixError(f"{where}: `numerics` must be a mapping with keys {sorted(NUMERICS_KEYS)}")
     _check_keys(path, node, NUMERICS_KEYS, "numerics")
     gbs = node.get("global_batch_size")
     if not isinstance(gbs, int) or gbs < 1:
-        raise MatrixError(f"{_line(path, node, key='global_batch_size') if 'global_batch_size' in node else where}: "
+        raise MatrixError(f"{line_of(path, node, key='global_batch_size') if 'global_batch_size' in node else where}: "
                           f"numerics.global_batch_size must be a positive integer, got {gbs!r}")
-    baseline = _plain(node.get("baseline") or {})
+    baseline = plain(node.get("baseline") or {})
     for axis in baseline:
         if axis not in axes:
-            raise MatrixError(f"{_line(path, node['baseline'], key=axis)}: numerics.baseline names unknown axis {axis!r}")
+            raise MatrixError(f"{line_of(path, node['baseline'], key=axis)}: numerics.baseline names unknown axis {axis!r}")
     lanes = []
     for lwhere, item in _mappings(path, node, "lanes", LANE_KEYS, "lane"):
         name = item.get("name")
         if not name:
             raise MatrixError(f"{lwhere}: a lane needs a `name`")
         numbers = {}
-        for key in ("rtol", "atol", "max_miss"):
+        for key in ("rtol", "atol", "max_miss", "grad_rtol", "grad_atol"):
+            if key.startswith("grad_") and key not in item:
+                continue
             value = item.get(key, 0.0)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
                     (key == "max_miss" and value > 1):
-                raise MatrixError(f"{_line(path, item, key=key)}: lane {name!r}: {key} must be a number >= 0"
+                raise MatrixError(f"{line_of(path, item, key=key)}: lane {name!r}: {key} must be a number >= 0"
                                   f"{' and <= 1' if key == 'max_miss' else ''}, got {value!r}")
             numbers[key] = float(value)
+        steps = item.get("grad_steps", 1)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise MatrixError(f"{line_of(path, item, key='grad_steps')}: lane {name!r}: grad_steps must be an integer "
+                              f">= 0, got {steps!r}")
+        numbers["grad_steps"] = steps
         match = _entries(path, item, "match", axes) if "match" in item else []  # no `match`: every cell
         lanes.append(Lane(str(name), [e.values for e in match] or [{}], where=lwhere, **numbers))
     if not lanes:

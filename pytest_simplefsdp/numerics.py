@@ -1,12 +1,17 @@
-"""Step 5 (numerics): compare a cell's losses with its baseline's, step by step.
+"""Step 5 (numerics): compare a cell's losses, gradient and parameter norms with its baseline's.
 
 "Composes" means "trains the same": every cell of a model starts from the same seed checkpoint,
 trains on the same global batch, and its per-step losses must follow the baseline cell (same
-model, same data-parallel degree, SimpleFSDP eager) within its lane's tolerance.
+model, same data-parallel degree, SimpleFSDP eager) within its lane's tolerance. Losses alone miss
+gradient bugs: AdamW's update barely changes when one parameter's gradient is scaled, so where the
+target's probe records them, every parameter's gradient norm (before clipping), its norm after the
+optimizer step, and a checksum of the weights it loaded are compared too, and the first parameter
+that differs is named.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -49,6 +54,77 @@ def compare(losses: dict, baseline: dict, lane: Lane):
     if extra:
         report["extra_steps"] = extra
     return ok, report
+
+
+# the per-parameter records of the probe, in the order a bug shows within a step
+PARAM_KINDS = {"init_checksum": "weight checksum", "grad_norm": "grad norm", "param_norm": "param norm"}
+
+
+def read_param_stats(folder: Path) -> dict:
+    """kind -> step -> FQN -> value (None: no gradient), merged over the ranks' grads.rank<N>.jsonl.
+    Ranks that hold the same parameter record the same full-tensor value; the first one is kept."""
+    out = {}
+    for path in sorted(Path(folder).glob("grads.rank*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+                per_step = out.setdefault(rec["kind"], {}).setdefault(int(rec["step"]), {})
+            except (ValueError, KeyError, TypeError):
+                continue  # a rank killed mid-write leaves half a line
+            for fqn, value in rec.get("values", {}).items():
+                per_step.setdefault(fqn, value)
+    return out
+
+
+def compare_params(cell: dict, baseline: dict, lane: Lane):
+    """Returns (ok, report): every parameter of the baseline's records up to the lane's ``grad_steps``, within
+    its grad tolerance (the weight checksum exactly: both loaded the same seed checkpoint). Step 1 is where
+    both runs hold the same weights and batch, so only the reductions' order separates them; from step 2 the
+    optimizer carries that rounding on and MoE routing amplifies it (measured on deepseek_v3 EP 2: 2e-5 at
+    step 1, 3e-2 for a router gate at step 3), so other layouts compare step 1 and leave later steps to the
+    losses. The report keeps the largest relative difference per kind (how tolerances are measured) and
+    the first difference."""
+    rtol = lane.rtol if lane.grad_rtol is None else lane.grad_rtol
+    atol = lane.atol if lane.grad_atol is None else lane.grad_atol
+    report = {"rtol": rtol, "atol": atol, "grad_steps": lane.grad_steps, "checked": 0, "max_rel_diff": {},
+              "first_difference": None}
+    steps = sorted({s for kind in PARAM_KINDS for s in baseline.get(kind, {})})
+    for step in steps:
+        for kind in PARAM_KINDS:
+            want, got = baseline.get(kind, {}).get(step), cell.get(kind, {}).get(step) or {}
+            if want is None:
+                continue
+            exact, compared = kind == "init_checksum", step <= lane.grad_steps
+            for fqn in list(want) + [f for f in got if f not in want]:
+                b, c = want.get(fqn), got.get(fqn)
+                if b and c is not None and c == c:  # measured at every step, judged up to grad_steps
+                    worst = report["max_rel_diff"].setdefault(kind, {})
+                    worst[str(step)] = max(worst.get(str(step), 0.0), abs(c - b) / abs(b))
+                if not compared:
+                    continue
+                report["checked"] += 1
+                if _param_differs(b, c, 0.0 if exact else rtol, 0.0 if exact else atol) and \
+                        report["first_difference"] is None:
+                    report["first_difference"] = {"kind": kind, "step": step, "param": fqn, "cell": c, "baseline": b}
+    ok = report["checked"] > 0 and report["first_difference"] is None
+    return ok, report
+
+
+def _param_differs(b, c, rtol, atol):
+    if b is None or c is None:
+        return (b is None) != (c is None)  # a gradient on one side only
+    if c != c or math.isinf(c) or b != b:
+        return True
+    return abs(c - b) > atol + rtol * abs(b)
+
+
+def param_line(report, baseline_id):
+    d = report["first_difference"]
+    what, value = PARAM_KINDS[d["kind"]], lambda v: "none" if v is None else f"{v:.6g}"
+    ratio = f", ratio {d['cell'] / d['baseline']:.3g}" if d["cell"] is not None and d["baseline"] else ""
+    tol = "exact" if d["kind"] == "init_checksum" else f"rtol {report['rtol']:g}, atol {report['atol']:g}"
+    return (f"{d['param']}: {what} {value(d['cell'])} vs {value(d['baseline'])} of baseline {baseline_id} "
+            f"at step {d['step']}{ratio} ({tol})")
 
 
 def _num(x):

@@ -24,13 +24,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from . import report
+from . import mutants, report
 from .cells import Cell, cell_id, expand, id_parts, value_id, world_size
 from .evidence import probe_folder
 from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, become_subreaper, free_port, kill_procs, session_leftovers
 from .launch_slurm import SlurmLauncher, SlurmOptions, check_cluster
 from .matrix import MatrixError, load_matrix, with_tier
-from .numerics import compare, lane_for, mismatch_line, plot
+from .numerics import compare, compare_params, lane_for, mismatch_line, param_line, plot, read_param_stats
 from .results import CellResult, build_result
 from .schedule import Packer
 from .verdict import could_apply, judge, load_known_failures, signature, update_file
@@ -90,10 +90,19 @@ OPTIONS = [
                                        "else the one shipped with the plugin)"),
     ("gate", "bool", False, "merge-gate mode: a known failure that passes (XPASS) fails the run and names "
                             "the entry to delete"),
+    ("mutants", "string", None, "the mutation tier instead of the cells: re-inject named bugs (all, or "
+                                "comma-separated names) into every selected cell each applies to; an item passes "
+                                "when the gate kills its mutant and fails when the mutant survives"),
     ("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
                                              "for new failures (link: TODO), remove entries whose cells all "
                                              "passed; other entries, their order and comments are kept"),
 ]
+
+
+def pytest_addhooks(pluginmanager):
+    from . import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser):
@@ -119,7 +128,10 @@ def option(config, name):
 def pytest_configure(config):
     config.addinivalue_line("markers", "simplefsdp: a cell of the SimpleFSDP composability matrix")
     config.addinivalue_line("markers", "smoke: the small tier of matrix cells that CI runs (pytest -m smoke)")
+    config.addinivalue_line("markers", "simplefsdp_cell(cell_id, matrix=PATH or profile=NAME, mutant=None): the "
+                                       "matrix cell the simplefsdp_cell fixture runs for this test")
     if option(config, "matrix"):
+        config.pluginmanager.register(Builtins(), "simplefsdp-builtins")
         become_subreaper()  # orphans that shed the cell's marker come back to us (see launch)
         config.pluginmanager.register(MatrixSession(config), "simplefsdp-session")
         signal.signal(signal.SIGTERM, _terminate)
@@ -203,13 +215,30 @@ def _nvidia_smi_gpus():
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
+class Builtins:
+    """The built-in targets and launchers, as implementations of our own hooks (asked last)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_simplefsdp_make_target(self, matrix, cache_dir):
+        return make_target(matrix, cache_dir)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_simplefsdp_make_launcher(self, config, name, dry_run):
+        if name in LAUNCHERS:
+            return LAUNCHERS[name]()
+        return _slurm_launcher(config, dry_run) if name == "slurm" else None
+
+
 def _launcher(config, dry_run):
     name = option(config, "launcher")
-    known = [*LAUNCHERS, "slurm"]
-    if name not in known:
-        raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {name!r}; known: {', '.join(known)}")
-    if name != "slurm":
-        return LAUNCHERS[name]()
+    launcher = config.hook.pytest_simplefsdp_make_launcher(config=config, name=name, dry_run=dry_run)
+    if launcher is None:
+        raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {name!r}; built in: "
+                                f"{', '.join([*LAUNCHERS, 'slurm'])} (plugins add more: pytest_simplefsdp_make_launcher)")
+    return launcher
+
+
+def _slurm_launcher(config, dry_run):
     try:
         extra = shlex.split(option(config, "slurm-args") or "")
     except ValueError as e:
@@ -260,8 +289,10 @@ class MatrixRun:
 
     def __init__(self, path, config, cache_dir, tier="real"):
         self.matrix = with_tier(load_matrix(path), tier)
-        self.target = make_target(self.matrix, cache_dir)
+        self.target = config.hook.pytest_simplefsdp_make_target(matrix=self.matrix, cache_dir=cache_dir)
         self.cells, self.dropped = expand(self.matrix)
+        config.hook.pytest_simplefsdp_modify_cells(config=config, matrix=self.matrix, cells=self.cells,
+                                                   dropped=self.dropped)
         rel = Path(os.path.relpath(self.matrix.path.resolve(), config.rootpath))
         self.name = str(rel) if not str(rel).startswith("..") else self.matrix.path.name
         if tier != "real":
@@ -312,7 +343,7 @@ def versions():
 class MatrixSession:
     """State of a matrix run; registered as a plugin when --simplefsdp-matrix is on."""
 
-    def __init__(self, config):
+    def __init__(self, config, files=None):
         self.config = config
         self.dry_run = bool(option(config, "dry-run"))
         self.launcher = _launcher(config, self.dry_run)
@@ -331,7 +362,7 @@ class MatrixSession:
             tier = option(config, "tier")
             if tier not in ("real", "trace"):
                 raise pytest.UsageError(f"--simplefsdp-tier: unknown tier {tier!r}; known: real, trace")
-            self.runs = [MatrixRun(p, config, self.cache_dir, tier) for p in matrix_files(config)]
+            self.runs = [MatrixRun(p, config, self.cache_dir, tier) for p in (files or matrix_files(config))]
         except MatrixError as e:
             raise pytest.UsageError(str(e)) from None
         for run in self.runs:
@@ -352,17 +383,38 @@ class MatrixSession:
                         raise pytest.UsageError(
                             f"{run.matrix.path}: profile {run.matrix.profile} needs {need} CUDA devices, "
                             f"{have} visible; use --simplefsdp-dry-run to list its cells")
+        self.mutants = {}  # run name -> [mutants.Mutant] of --simplefsdp-mutants
+        if option(config, "mutants"):
+            for run in self.runs:
+                try:
+                    self.mutants[run.name] = mutants.parse_names(option(config, "mutants"), run.target.MUTANTS)
+                except ValueError as e:
+                    raise pytest.UsageError(f"--simplefsdp-mutants: {run.name} (target {run.target.name}): {e}") \
+                        from None
         self.gate = bool(option(config, "gate"))
         self.update_known = bool(option(config, "update-known-failures"))
         self.known = self._load_known_failures(config)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         art = option(config, "artifacts")
         self.run_dir = Path(art) if art else self.cache_dir / "runs" / stamp
-        self.results = {}  # (run name, cell id) -> CellResult
+        # pytest-xdist: the controller names the run folder; each worker runs its cells (and its own seeds
+        # and baselines) in a subfolder, and its records reach the controller on the test reports
+        self.worker = getattr(config, "workerinput", None)
+        if self.worker is not None and "simplefsdp_run_dir" in self.worker:
+            self.run_dir = Path(self.worker["simplefsdp_run_dir"]) / self.worker["workerid"]
+        elif getattr(config.option, "numprocesses", None):
+            if self.jobs != "1":
+                raise pytest.UsageError("--simplefsdp-jobs packs cells in one process; with pytest-xdist (-n) "
+                                        "choose one of the two")
+            if self.dry_run:
+                raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
+        self.results = {}  # (run name, cell id) -> CellResult of the cells this process ran
+        self.pending = []  # records made since the last test report (they ride on the next one)
+        self.records = []  # every record of the run, from the test reports: what the table and JSON show
+        self.selected = []
         self.baselines = {}  # (run name, axes key) -> CellResult or an error line
         self.seeds = {}  # (run name, model) -> seed checkpoint folder or an error line
         self.stored_baselines = self._load_stored_baselines(option(config, "baseline"))
-        self.entry_outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
         self.jsonl = None
 
     def _load_known_failures(self, config):
@@ -429,6 +481,8 @@ class MatrixSession:
         command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
                                      seed_folder=seed)
         command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir))  # where ranks record what ran
+        if cell.mutant:
+            command.env["SIMPLEFSDP_MUTANT"] = cell.mutant
         # the trace tier: one process plays rank `trace.rank` of the cell's world
         nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == "trace" else (cell.world, 0)
         return LaunchSpec(cell.id, command, nproc, cell_dir, self.cell_timeout(run), port, self.log_limit,
@@ -466,7 +520,7 @@ class MatrixSession:
             if not run.prepared:
                 run.target.prepare()
                 run.prepared = True
-        reused = self.baselines.get((run.name, _key(cell.axes)))
+        reused = None if cell.mutant else self.baselines.get((run.name, _key(cell.axes)))
         if reused is not None and not isinstance(reused, str):  # it already ran as a baseline
             return dataclasses.replace(reused, id=cell.id, details=[f"same cell as baseline {reused.id}"])
         seed = self.seed_for(run, cell)
@@ -550,7 +604,7 @@ class MatrixSession:
         """The baseline CellResult of a cell, or an error line that says why there is none."""
         base_axes = run.target.baseline_axes(cell.axes)
         key = (run.name, _key(base_axes))
-        if base_axes == cell.axes:
+        if base_axes == cell.axes and not cell.mutant:  # a mutated run is compared with the cell unmutated
             self.baselines[key] = result
             return result
         stored = self.stored_baselines.get((run.matrix.profile, _key(base_axes)))
@@ -566,7 +620,7 @@ class MatrixSession:
     def _baseline(self, run, base_axes, key):
         if key not in self.baselines:
             done = next((r for (name, _), r in self.results.items() if name == run.name and r.axes == base_axes
-                         and r.failure_class is None), None)
+                         and r.failure_class is None and not r.mutant), None)
             if done is None:
                 bid = "baseline-" + cell_id(run.matrix, base_axes)
                 done = self.run_cell(run, Cell(bid, base_axes, world_size(run.matrix, base_axes)))
@@ -588,8 +642,20 @@ class MatrixSession:
         ok, rep = compare(result.losses, base.losses, lane)
         rep["baseline"] = base.id
         result.numerics = rep
+        line = None if ok else mismatch_line(rep, base.id)
+        stats = read_param_stats(probe_folder(result.log_dir))
+        if stats:  # the target's probe recorded per-parameter norms: the baseline's must be there too
+            base_stats = read_param_stats(probe_folder(base.log_dir)) if base.log_dir else {}
+            if not base_stats:
+                rep["params"] = f"not compared: baseline {base.id} has no per-parameter records"
+            else:
+                params_ok, rep["params"] = compare_params(stats, base_stats, lane)
+                first = rep["params"]["first_difference"]
+                # the earlier of the two is the cause: a gradient off at step 1 moves the loss of step 2
+                if not params_ok and (ok or first["step"] <= (rep["first_differing_step"] or math.inf)):
+                    ok, line, rep["check"] = False, param_line(rep["params"], base.id), first["kind"]
         if not ok:
-            line = mismatch_line(rep, base.id)
+            rep.setdefault("check", "loss")
             result.status, result.failure_class, result.error_line, result.error_text = "failed", "numerics", line, line
             result.plot = plot(Path(result.log_dir) / "loss_vs_baseline.png", result.losses, base.losses,
                                f"{cell.id} vs {base.id}")
@@ -601,35 +667,90 @@ class MatrixSession:
         rec.update(type=kind, matrix=run.name)
         Path(result.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
+        with self.lock:
+            self.pending.append(rec)
+
+    def take_pending(self):
+        with self.lock:
+            out, self.pending = self.pending, []
+        return out
+
+    def pytest_runtest_logreport(self, report):
+        """Records arrive with the test reports, from this process or from an xdist worker alike."""
+        if self.worker is None:
+            for rec in getattr(report, "simplefsdp_records", None) or ():
+                self.collect(rec)
+
+    def collect(self, rec):
+        self.records.append(rec)
         self._store(rec)
+        self.config.hook.pytest_simplefsdp_cell_result(config=self.config, record=rec)
+
+    def run_one(self, path, cell_id, mutant=None):
+        """The fixture API: run one cell (or one mutant of it) and judge it as a matrix item would."""
+        run = next(r for r in self.runs if r.matrix.path.resolve() == Path(path).resolve())
+        cell = next((c for c in run.cells if c.id == cell_id), None)
+        if cell is None:
+            raise pytest.UsageError(f"simplefsdp_cell: {run.matrix.path} has no valid cell {cell_id!r}; its cells: "
+                                    f"{', '.join(c.id for c in run.cells[:20])}{' ...' if len(run.cells) > 20 else ''}")
+        skip = next((e for e in self.entries_for(run, cell) if e.kind == "skip"), None)
+        if skip:
+            pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
+        if mutant:
+            cell = dataclasses.replace(cell, id=f"{cell.id}[mutant-{mutant}]", mutant=mutant)
+        result = self.run_and_check(run, cell)
+        if not mutant:
+            verdict = judge(result, self.entries_for(run, cell), self.gate)
+            result.signature = signature(result.error_text or result.error_line)
+            result.status, result.verdict = verdict.outcome, verdict.message
+            if verdict.entry:
+                result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
+        else:
+            result.killed_by = mutants.killed_by(result)
+        self.record(run, result)
+        for rec in self.take_pending():
+            self.collect(rec)
+        return result
+
+    def close(self):
+        if hasattr(self.launcher, "close"):
+            self.launcher.close()
+        kill_procs(session_leftovers())
+        if self.jsonl is not None:
+            self.jsonl.close()
 
     # --- reporting ----------------------------------------------------------------------
 
     def document(self):
         runs = []
         for run in self.runs:
-            cells = [run.record_of(self.results[(run.name, c.id)]) for c in run.cells
-                     if (run.name, c.id) in self.results]
+            order = {c.id: i for i, c in enumerate(run.cells)}
+            mine = [{k: v for k, v in r.items() if k not in ("type", "matrix")}
+                    for r in self.records if r["matrix"] == run.name]
+            kinds = [r["type"] for r in self.records if r["matrix"] == run.name]
+            cells = sorted((r for r, k in zip(mine, kinds) if k == "cell" and not r.get("mutant")),
+                           key=lambda r: order.get(r["id"], len(order)))
+            baselines = [r for r, k in zip(mine, kinds) if k == "baseline"]
+            mutated = [r for r, k in zip(mine, kinds) if k == "cell" and r.get("mutant")]
             meta = run.meta(self.launcher.name)
             meta.pop("type")
-            baselines = [r.record() for (name, _), r in self.baselines.items()
-                         if name == run.name and not isinstance(r, str)]
-            runs.append({"meta": meta, "cells": cells, "dropped": run.dropped_records(), "baselines": baselines})
+            runs.append({"meta": meta, "cells": cells, "dropped": run.dropped_records(), "baselines": baselines,
+                         **({"mutants": mutated} if mutated else {})})
         return {"runs": runs}
 
     def pytest_terminal_summary(self, terminalreporter):
         tr = terminalreporter
+        if self.worker is not None:
+            return
         if self.dry_run:
             tr.section("simplefsdp dry run: commands")
-            for run in self.runs:
-                for cell in run.cells:
-                    if (run.name, cell.id) in self.selected:
-                        spec = self.spec_for(run, cell, port=29500)
-                        tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]")
-                        tr.write_line(f"  {self.launcher_for(run).reproducer(spec)}")
-                        plan = run.target.evidence_plan(cell)
-                        if plan:
-                            tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")
+            for run, cell in self.selected:
+                spec = self.spec_for(run, cell, port=29500)
+                tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]")
+                tr.write_line(f"  {self.launcher_for(run).reproducer(spec)}")
+                plan = run.target.evidence_plan(cell)
+                if plan:
+                    tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")
             for run in self.runs:
                 tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
             return
@@ -662,8 +783,17 @@ class MatrixSession:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(doc, indent=1) + "\n")
             tr.write_line(f"json report: {path}")
+        self.config.hook.pytest_simplefsdp_report(config=self.config, doc=doc)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """pytest-xdist, on the controller: every worker writes under this run's folder."""
+        node.workerinput["simplefsdp_run_dir"] = str(self.run_dir)
 
     def pytest_sessionfinish(self, session):
+        for rec in self.take_pending():  # made before an interrupt, never reported: still stored
+            if self.worker is None:
+                self.collect(rec)
         if self.packer:
             self.packer.close()
         if hasattr(self.launcher, "close"):  # the fork servers end with the session
@@ -674,21 +804,27 @@ class MatrixSession:
                                    if p.is_running()]
             kill_procs(leftovers)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if not self.update_known or self.dry_run:
+        if not self.update_known or self.dry_run or self.worker is not None:
             return
         path = self.known.path if self.known else (option(self.config, "known-failures")
                                                    or self.config.rootpath / "known_failures.yaml")
-        new = [(run.matrix.profile, r) for run in self.runs for cell in run.cells
-               if (r := self.results.get((run.name, cell.id))) and r.status == "failed" and not r.known_failure
+        runs = {run.name: run for run in self.runs}
+        cells = [(runs[r["matrix"]], CellResult.from_record(r)) for r in self.records
+                 if r["type"] == "cell" and not r.get("mutant")]
+        new = [(run.matrix.profile, r) for run, r in cells if r.status == "failed" and not r.known_failure
                and r.failure_class]
-        passing = {eid for eid, passed in self.entry_outcomes.items() if passed and all(passed)
+        outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
+        for run, r in cells:
+            for e in self.entries_for(run, r):
+                outcomes.setdefault(e.id, []).append(r.failure_class is None)
+        passing = {eid for eid, passed in outcomes.items() if all(passed)
                    and any(e.id == eid and e.kind == "xfail" for e in (self.known.entries if self.known else []))}
         self.update_lines = update_file(path, new, passing, datetime.date.today().isoformat())
         self.update_path = path
 
     def pytest_collection_finish(self, session):
         cells = [item for item in session.items if isinstance(item, CellItem)]
-        self.selected = {(item.run.name, item.cell.id) for item in cells}
+        self.selected = [(item.run, item.cell) for item in cells]  # in collection order
         if self.jobs != "1" and not self.dry_run and cells:
             devices = _cuda_device_ids() if any(i.run.matrix.device == "cuda" for i in cells) else []
             budget = int(_number(self.config, "max-ranks", None) or os.cpu_count() or 1)
@@ -714,6 +850,8 @@ def pytest_runtest_makereport(item, call):
     reason = getattr(item, "xpass_reason", None)
     if reason and call.when == "call" and rep.passed:
         rep.wasxfail = reason
+    if call.when == "call" and isinstance(item, CellItem):  # plain data: pytest-xdist carries it to the controller
+        rep.simplefsdp_records = item.session_state.take_pending()
     return rep
 
 
@@ -723,7 +861,7 @@ class MatrixCollector(pytest.Collector):
         self.run = run
 
     def collect(self):
-        for cell in self.run.cells:
+        for cell in self._cells():
             item = CellItem.from_parent(self, name=cell.id, run=self.run, cell=cell)
             item.add_marker(pytest.mark.simplefsdp)
             if cell.smoke:
@@ -733,10 +871,30 @@ class MatrixCollector(pytest.Collector):
                     item.extra_keyword_matches.add(group)
             yield item
 
+    def _cells(self):
+        """The matrix's cells; under --simplefsdp-mutants, each cell once per mutant that applies to it
+        (cells with a known failure are left out: a gate cannot be tested where the cell already fails)."""
+        state = self.config.pluginmanager.get_plugin("simplefsdp-session")
+        chosen = state.mutants.get(self.run.name)
+        if not chosen:
+            yield from self.run.cells
+            return
+        for cell in self.run.cells:
+            if not state.entries_for(self.run, cell):
+                for m in chosen:
+                    if m.applies(cell.axes):
+                        yield dataclasses.replace(cell, id=f"{cell.id}[mutant-{m.name}]", mutant=m.name)
+
 
 class CellFailed(Exception):
     def __init__(self, result):
         super().__init__(result.error_line)
+        self.result = result
+
+
+class MutantNotKilled(Exception):
+    def __init__(self, result):
+        super().__init__(result.verdict)
         self.result = result
 
 
@@ -768,14 +926,14 @@ class CellItem(pytest.Item):
             result = state.packer.result(self.nodeid)
         else:
             result = state.run_and_check(self.run, self.cell)
+        if self.cell.mutant:
+            return self._judge_mutant(state, result)
         verdict = judge(result, entries, state.gate)
         result.signature = signature(result.error_text or result.error_line)
         result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
         if verdict.entry:
             result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
             self.user_properties.append(("known_failure", verdict.entry.id))
-        for e in entries:
-            state.entry_outcomes.setdefault(e.id, []).append(result.failure_class is None)
         state.record(self.run, result)
         self.user_properties.append(("wall_s", round(time.monotonic() - start, 2)))
         if result.failure_class:
@@ -787,7 +945,33 @@ class CellItem(pytest.Item):
         if verdict.outcome == "failed":
             raise CellFailed(result)
 
+    def _judge_mutant(self, state, result):
+        """Killed (the item passes) when a check failed the mutated run after the mutant acted; survived
+        (fails) when the run was green; inconclusive (fails) when the mutant changed nothing."""
+        result.killed_by = mutants.killed_by(result)
+        acted = mutants.applied(result.log_dir, self.cell.mutant)
+        bug = next(m.bug for m in state.mutants[self.run.name] if m.name == self.cell.mutant)
+        caught = f"[{result.failure_class}] {result.error_line}" if result.failure_class else ""
+        if not acted:
+            result.mutation = "inconclusive"
+            result.verdict = (f"mutant {self.cell.mutant} did not act in this run (nothing of its kind to change"
+                              f"{', or the run failed first: ' + caught if caught else ''})")
+        elif result.killed_by:
+            result.mutation = "killed"
+            result.verdict = f"mutant {self.cell.mutant} killed by the {result.killed_by} check: {caught}"
+        else:
+            result.mutation = "survived"
+            result.verdict = f"mutant {self.cell.mutant} survived: the run with this bug was green ({bug})"
+        result.status = "passed" if result.mutation == "killed" else "failed"
+        state.record(self.run, result)
+        self.user_properties.append(("killed_by", result.killed_by or ""))
+        if result.status == "failed":
+            raise MutantNotKilled(result)
+
     def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, MutantNotKilled):
+            r = excinfo.value.result
+            return f"{r.id}: {r.verdict}\n  logs: {r.log_dir}\n  rerun: {r.reproducer}"
         if isinstance(excinfo.value, CellFailed):
             r = excinfo.value.result
             if not r.failure_class:  # a pass that a gate turns into a failure
@@ -808,3 +992,49 @@ class CellItem(pytest.Item):
     def reportinfo(self):
         line = self.cell.where.rpartition(":")[2]
         return self.run.matrix.path, int(line) - 1 if line.isdigit() else None, self.cell.id
+
+
+# --- the fixture API: one cell inside an ordinary test ------------------------------------------
+
+
+@pytest.fixture
+def simplefsdp_cell(request):
+    """Runs the cell that the test's ``simplefsdp_cell`` marker names, as the matrix runs it (same
+    launcher, timeout, clean-up, artifacts, evidence, numerics and known failures, from the
+    --simplefsdp-* options), and returns its judged CellResult (status, failure_class, error_line,
+    losses, grad_norms, evidence, numerics, log_dir)::
+
+        @pytest.mark.simplefsdp_cell("deepseek_v3-dp2-ep2-eager", profile="cpu")
+        def test_ep_trains(simplefsdp_cell):
+            assert simplefsdp_cell.status == "passed"
+    """
+    marker = request.node.get_closest_marker("simplefsdp_cell")
+    if marker is None or len(marker.args) != 1:
+        raise pytest.UsageError(f"{request.node.nodeid}: the simplefsdp_cell fixture needs "
+                                f"@pytest.mark.simplefsdp_cell(cell_id, matrix=PATH or profile=NAME)")
+    matrix, profile = marker.kwargs.get("matrix"), marker.kwargs.get("profile")
+    if (matrix is None) == (profile is None):
+        raise pytest.UsageError(f"{request.node.nodeid}: simplefsdp_cell: give matrix=PATH or profile=NAME")
+    path = Path(matrix) if matrix else MATRIX_DIR / f"{profile}.yaml"
+    path = path if path.is_absolute() else request.path.parent / path
+    return _fixture_session(request.config, path).run_one(path, marker.args[0], marker.kwargs.get("mutant"))
+
+
+def _fixture_session(config, path: Path) -> "MatrixSession":
+    """One MatrixSession per matrix file for the whole pytest session, closed at its end."""
+    sessions = config.stash.setdefault(_FIXTURE_SESSIONS, {})
+    if path not in sessions:
+        if not config.pluginmanager.has_plugin("simplefsdp-builtins"):
+            config.pluginmanager.register(Builtins(), "simplefsdp-builtins")
+            become_subreaper()
+        if not path.exists():
+            raise pytest.UsageError(f"simplefsdp_cell: {path}: no such matrix file")
+        try:
+            sessions[path] = MatrixSession(config, files=[path])
+        except MatrixError as e:
+            raise pytest.UsageError(str(e)) from None
+        config.add_cleanup(sessions[path].close)
+    return sessions[path]
+
+
+_FIXTURE_SESSIONS = pytest.StashKey[dict]()

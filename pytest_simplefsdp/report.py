@@ -110,12 +110,34 @@ def footnotes(run):
         for rec in compared:
             n = rec["numerics"]
             lines.append(f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
-                         f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}")
+                         f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}{_params_note(n)}")
+    shown = [rec for rec in run["cells"] if rec.get("evidence")]
+    if shown:
+        lines.append("evidence (the run shows its label: checks that hold / checks, labels checked):")
+        for rec in shown:
+            held = sum(1 for e in rec["evidence"] if e["ok"])
+            labels = ", ".join(dict.fromkeys(e["axis"] for e in rec["evidence"]))
+            lines.append(f"    {rec['id']}: {held}/{len(rec['evidence'])} ({labels})")
     by_rule = Counter(rec["rule"] for rec in run["dropped"])
     if by_rule:
         lines.append(f"n/a: {sum(by_rule.values())} cells dropped by rule: "
                      + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common()))
     return lines
+
+
+def _params_note(numerics):
+    """The per-parameter comparison in a few words (numerics.compare_params)."""
+    params = numerics.get("params")
+    if isinstance(params, str):
+        return f"; per parameter: {params}"
+    if not params:
+        return ""
+    grads = params["max_rel_diff"].get("grad_norm", {})
+    judged = [v for step, v in grads.items() if int(step) <= params["grad_steps"]]
+    first = params["first_difference"]
+    differs = f"{first['param']} ({first['kind']}, step {first['step']})" if first else "none"
+    return (f"; per parameter: {params['checked']} compared (steps <= {params['grad_steps']}), grad max rel "
+            f"{max(judged, default=0.0):.3g}, first difference {differs}")
 
 
 def summary_counts(run):
@@ -129,16 +151,39 @@ def render_text(doc):
     out = []
     for run in doc["runs"]:
         meta = run["meta"]
+        counts = mutation_score(run) if run.get("mutants") and not run["cells"] else summary_counts(run)
         out.append(f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
-                   f"target {meta.get('target', '?')}, launcher {meta.get('launcher', '?')}): {summary_counts(run)}")
+                   f"target {meta.get('target', '?')}, launcher {meta.get('launcher', '?')}): {counts}")
         if meta.get("tier") == "trace":
             out.append(TRACE_NOTE)
         if run["cells"]:
             headers, body = grid(run)
             out.append(tabulate(body, headers=headers, tablefmt="simple"))
+        if run.get("mutants"):
+            out.append(tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="simple"))
         out.extend(footnotes(run))
         out.append("")
     return "\n".join(out)
+
+
+MUTATION_HEADERS = ("mutant", "cell", "verdict", "killed by", "first failing check")
+
+
+def mutation_score(run):
+    killed = sum(1 for m in run["mutants"] if m.get("mutation") == "killed")
+    return f"mutation tier: {killed} of {len(run['mutants'])} mutant runs killed"
+
+
+def mutation_rows(run, width=110):
+    """One row per mutated run; the cell id without its mutant suffix."""
+    rows = []
+    for m in run["mutants"]:
+        cell = m["id"].rsplit("[mutant-", 1)[0]
+        verdict = m.get("mutation") or "?"
+        line = m.get("error_line") or ""
+        rows.append((m["mutant"], cell, verdict, m.get("killed_by") or "-",
+                     line if len(line) <= width else line[:width - 3] + "..."))
+    return rows
 
 
 STATUS_MD = {"passed": "✅", "failed": "❌", "xfailed": "🚧", "xpassed": "⚠️", "skipped": "⏭️", "dropped": "➖"}
@@ -182,6 +227,9 @@ def render_md(doc):
             headers, body = grid(sub, markdown=False, symbols=False)
             out.append(tabulate(body, headers=headers, tablefmt="github"))
             out.append("")
+        if run.get("mutants"):
+            out.extend([f"## mutation tier — profile {meta.get('profile', '?')}: {mutation_score(run)}", "",
+                        tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="github"), ""])
     if notes:
         out.extend(f"[^{i}]: {note}" for i, note in enumerate(notes, 1))
         out.append("")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RANK_PREFIX = re.compile(r"(?m)^\[(?:rank|default)\d*\]: ?")  # torchrun's per-line prefix
@@ -65,6 +65,18 @@ class CellResult:
     trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure
     evidence: list = field(default_factory=list)  # evidence.Evidence records: the label took effect
+    mutant: str | None = None  # the mutation tier: the bug this run re-injected
+    mutation: str | None = None  # ... killed, survived, or inconclusive (the mutant changed nothing)
+    killed_by: str | None = None  # ... the check that caught it: exit (<class>), evidence, loss, grad_norm, ...
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "CellResult":
+        """The inverse of ``record`` (a stored or reported record back to a result; extra keys dropped)."""
+        names = {f.name for f in fields(cls)}
+        out = cls(**{k: v for k, v in rec.items() if k in names})
+        out.losses = {int(k): (math.nan if v is None else v) for k, v in out.losses.items()}
+        out.grad_norms = {int(k): (math.nan if v is None else v) for k, v in out.grad_norms.items()}
+        return out
 
     def record(self):
         d = asdict(self)
@@ -175,7 +187,7 @@ def signal_name(code):
 def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
     res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
                      log_dir=str(log_dir), rank_logs=outcome.rank_logs, reproducer=outcome.reproducer,
-                     exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks))
+                     exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks), mutant=cell.mutant)
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
     res.losses, res.grad_norms = cell_losses(texts)

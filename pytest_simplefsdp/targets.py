@@ -24,6 +24,8 @@ from packaging.version import InvalidVersion, Version
 
 from .evidence import Expect, check, inductor_codegen
 from .matrix import Matrix, MatrixError
+from .mutants import TITAN03 as TITAN03_MUTANTS
+from .mutants import Mutant
 from .titan_options import Flag, OptionError, read_options, unchecked
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,6 +96,7 @@ class TorchtitanTarget:
     MODEL_OPTIONAL: tuple = ()
     DEGREE_FLAGS: dict = {}
     WRITTEN_AS = ""  # the torchtitan release whose option names the target writes
+    MUTANTS: tuple = ()  # mutants.Mutant: the bugs its start-up shim can re-inject (--simplefsdp-mutants)
 
     def __init__(self, matrix: Matrix, cache_dir: Path):
         self.matrix = matrix
@@ -192,6 +195,7 @@ class Titan03(TorchtitanTarget):
 
     name = "titan03"
     WRITTEN_AS = "0.3.0"
+    MUTANTS = TITAN03_MUTANTS
     # the torch torchtitan 0.3.0 was released against (2.14) and what its development line moves to
     SUPPORTS = {"torchtitan": ">=0.3.0,<0.5", "torch": ">=2.14,<2.16"}
     AXES = {
@@ -202,9 +206,13 @@ class Titan03(TorchtitanTarget):
         "compile": ("eager", "aot_fx_trace", "jit"),
         "backend": ("aot_eager", "inductor"),
         "memory_policy": ("none", "default", "full", "eager", "sac_and_offload"),
+        # fsdp2: torchtitan's core Trainer (FSDP2, eager) on the model's fsdp2_config, the reference that
+        # upstream's graph_trainer/tests/test_numerics.py holds SimpleFSDP to
+        "trainer": ("simplefsdp", "fsdp2"),
     }
-    MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config
-    MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config")
+    MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
+    MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config")
+    TRAINER_CLASS = {"simplefsdp": "GraphTrainer", "fsdp2": "Trainer"}
     DEGREE_FLAGS = {
         "dp_replicate": "data_parallel_replicate_degree",
         "dp_shard": "data_parallel_shard_degree",
@@ -220,6 +228,11 @@ class Titan03(TorchtitanTarget):
         """(module, config) the trainer starts from for a cell (or for a model's seed: axes {model})."""
         facts = self.matrix.models[axes["model"]]
         config = facts["config"]
+        if axes.get("trainer") == "fsdp2":
+            if not facts.get("fsdp2_config"):
+                raise MatrixError(f"{self.matrix.where('models')}: model {axes['model']!r} has no fsdp2_config, "
+                                  f"which trainer=fsdp2 cells run")
+            return facts["module"], facts["fsdp2_config"]
         if axes.get("pp", 1) > 1 and axes.get("compile", "aot_fx_trace") != "aot_fx_trace" and facts.get("eager_pp_config"):
             config = facts["eager_pp_config"]  # GraphPP needs aot_fx_trace; otherwise the eager splitter
         elif axes.get("cp", 1) > 1 and facts.get("cp_config"):
@@ -234,6 +247,8 @@ class Titan03(TorchtitanTarget):
 
     def compile_flags(self, axes):
         mode = axes.get("compile", "aot_fx_trace")
+        if axes.get("trainer") == "fsdp2":  # the core Trainer's config has no compile.mode: eager by default
+            return []
         if mode == "eager":
             return [Flag("compile.mode", "None", "axis compile=eager")]
         backend = axes.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
@@ -322,6 +337,10 @@ class Titan03(TorchtitanTarget):
                     plan.append(Expect(f"{axis}={a[axis]}", f"mesh.{axis}", str(a[axis]), default="1"))
         mode = a.get("compile", "aot_fx_trace")
         plan.append(Expect(f"compile={mode}", "config.compile.mode", "None" if mode == "eager" else mode))
+        trainer = a.get("trainer", "simplefsdp")
+        plan.append(Expect(f"trainer={trainer}", "config.trainer", self.TRAINER_CLASS[trainer]))
+        if mode == "aot_fx_trace":  # configured is not done: the step ran a traced forward+backward graph
+            plan.append(Expect(f"compile={mode}", "graph.traced", "yes", default="no"))
         for flag in self.compile_flags(a)[1:]:  # inductor strategy or backend, memory policy
             plan.append(Expect(flag.source.removeprefix("axis ").removeprefix("setting "), f"config.{flag.name}",
                                str(flag.value)))
@@ -344,6 +363,8 @@ class Titan03(TorchtitanTarget):
         args += [str(x) for x in self.matrix.settings.get("extra_args", [])]
         env = _shim_env(self.matrix.device, self.name)
         env["SIMPLEFSDP_PROBE"] = "titan03"  # the shim records what torchtitan really used (evidence_plan)
+        if self.matrix.numerics and self.matrix.tier == "real":  # per-parameter norms for numerics.compare_params
+            env["SIMPLEFSDP_GRAD_PROBE"] = "1"
         if self.matrix.tier == "trace":
             env["NGPU"] = str(cell.world)
         if cell.axes.get("compile", "aot_fx_trace") != "eager":  # structured compile trace: tlparse, evidence
@@ -424,11 +445,16 @@ class CommandTarget:
         self.env = spec.get("env") or {}
         self.expects = spec.get("evidence") or {}  # axis -> key of the record the program writes
         where = matrix.where("target")
+        names = spec.get("mutants") or []  # bugs the program re-injects itself when SIMPLEFSDP_MUTANT names one
+        if not isinstance(names, list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise MatrixError(f"{where}: target.mutants must be a list of names, got {names!r}")
+        self.MUTANTS = tuple(Mutant(n, f"declared by {matrix.path.name}", lambda a: True) for n in names)
         if not isinstance(self.argv, list) or not self.argv:
             raise MatrixError(f"{where}: target.command must be a non-empty list of arguments")
-        unknown = set(spec) - {"command", "env", "evidence"}
+        unknown = set(spec) - {"command", "env", "evidence", "mutants"}
         if unknown:
-            raise MatrixError(f"{where}: unknown target keys {sorted(unknown)}; allowed: command, env, evidence")
+            raise MatrixError(f"{where}: unknown target keys {sorted(unknown)}; allowed: command, env, evidence, "
+                              f"mutants")
         if not isinstance(self.expects, dict) or any(a not in matrix.axes for a in self.expects) or any(
                 "." not in str(k) for k in self.expects.values()):
             raise MatrixError(f"{where}: target.evidence must map axes ({', '.join(matrix.axes)}) to probe keys "
@@ -486,7 +512,8 @@ def make_target(matrix: Matrix, cache_dir: Path):
         return CommandTarget(matrix)
     if spec not in TARGETS:
         raise MatrixError(f"{matrix.where('target')}: unknown target {spec!r}; built in: "
-                          f"{', '.join(TARGETS)}, or {{command: [...]}}")
+                          f"{', '.join(TARGETS)}, or {{command: [...]}} (plugins add more: "
+                          f"pytest_simplefsdp_make_target)")
     target = TARGETS[spec](matrix, cache_dir)
     target.check()
     return target

@@ -15,7 +15,7 @@ import re2
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .matrix import MatrixError, _line, _plain, load_yaml
+from .matrix import MatrixError, line_of, load_yaml, plain
 
 ENTRY_KEYS = {
     "id": "stable name of the entry (letters, digits, - _ .)",
@@ -117,13 +117,13 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownF
         raise MatrixError(f"{path}:1: known failures must be a YAML list of entries")
     entries, ids = [], {}
     for i, node in enumerate(doc):
-        where = _line(path, doc, index=i)
+        where = line_of(path, doc, index=i)
         if not isinstance(node, dict):
             raise MatrixError(f"{where}: an entry must be a mapping with keys {', '.join(ENTRY_KEYS)}")
         eid = str(node.get("id", "?"))
         for key in node:
             if key not in ENTRY_KEYS:
-                raise MatrixError(f"{_line(path, node, key=key)}: entry {eid!r}: unknown key {key!r}; "
+                raise MatrixError(f"{line_of(path, node, key=key)}: entry {eid!r}: unknown key {key!r}; "
                                   f"allowed: {', '.join(ENTRY_KEYS)}")
         for key in ("id", "when", "error", "kind", "link", "reason"):
             if key == "error" and node.get("kind") == "skip":
@@ -132,22 +132,22 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownF
                 raise MatrixError(f"{where}: entry {eid!r}: missing `{key}`" +
                                   (" (the upstream issue, PR or review comment)" if key == "link" else ""))
         if not re.fullmatch(r"[\w.\-]+", eid):
-            raise MatrixError(f"{_line(path, node, key='id')}: entry id {eid!r}: use letters, digits, - _ .")
+            raise MatrixError(f"{line_of(path, node, key='id')}: entry id {eid!r}: use letters, digits, - _ .")
         if eid in ids:
-            raise MatrixError(f"{_line(path, node, key='id')}: duplicate entry id {eid!r} (first at {ids[eid]})")
+            raise MatrixError(f"{line_of(path, node, key='id')}: duplicate entry id {eid!r} (first at {ids[eid]})")
         ids[eid] = where
         link = str(node["link"]).strip()
         if not allow_todo_links and (link.upper().startswith("TODO") or not re.match(r"https?://", link)):
-            raise MatrixError(f"{_line(path, node, key='link')}: entry {eid!r}: link {link!r} is not a URL; "
+            raise MatrixError(f"{line_of(path, node, key='link')}: entry {eid!r}: link {link!r} is not a URL; "
                               f"name the upstream issue, PR or review comment")
         if node["kind"] not in KINDS:
-            raise MatrixError(f"{_line(path, node, key='kind')}: entry {eid!r}: kind {node['kind']!r} is not one "
+            raise MatrixError(f"{line_of(path, node, key='kind')}: entry {eid!r}: kind {node['kind']!r} is not one "
                               f"of {', '.join(KINDS)}")
         when = node["when"]
         if not isinstance(when, dict):
-            raise MatrixError(f"{_line(path, node, key='when')}: entry {eid!r}: `when` must map axes to values")
+            raise MatrixError(f"{line_of(path, node, key='when')}: entry {eid!r}: `when` must map axes to values")
         for key, cond in when.items():
-            kwhere = _line(path, when, key=key)
+            kwhere = line_of(path, when, key=key)
             if key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
                 raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
                                   f"{', '.join(sorted(axis_names))}; environment: "
@@ -164,10 +164,10 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownF
                 pattern = compile_signature(str(node["error"]))
             except re2.error as e:
                 reason = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
-                raise MatrixError(f"{_line(path, node, key='error')}: entry {eid!r}: error {str(node['error'])!r} is "
+                raise MatrixError(f"{line_of(path, node, key='error')}: entry {eid!r}: error {str(node['error'])!r} is "
                                   f"not a regex RE2 can match in linear time: {reason}") from None
-        classes = _plain(node.get("classes") or [])
-        entries.append(Entry(eid, _plain(when), str(node.get("error") or ""), node["kind"], link,
+        classes = plain(node.get("classes") or [])
+        entries.append(Entry(eid, plain(when), str(node.get("error") or ""), node["kind"], link,
                              str(node["reason"]), classes, where, pattern))
     return KnownFailures(path, entries)
 

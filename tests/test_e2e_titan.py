@@ -49,6 +49,11 @@ def test_smoke_tier_runs_real_cells(pytester):
     ep = cells["deepseek_v3-dp2-ep2-eager"]["numerics"]
     assert ep["lane"] == "close" and ep["baseline"] == "baseline-deepseek_v3-dp2-eager"
     assert ep["max_rel_diff"] <= 1e-4
+    # per parameter (the shim's grad probe): weights loaded alike, gradient and parameter norms within the lane
+    for rep in (traced["params"], ep["params"]):
+        assert rep["first_difference"] is None and rep["checked"] > 100, rep
+    assert set(traced["params"]["max_rel_diff"]["grad_norm"].values()) == {0.0}  # lane exact: bit for bit, 3 steps
+    assert ep["params"]["max_rel_diff"]["init_checksum"] == {"0": 0.0}
     assert not marked("llama3-dp2")
 
 
@@ -209,3 +214,26 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
                                   "rank, saw 2 on ranks 0, 1")
     wrong = {e["axis"] + " " + e["expected"].split(" =")[0] for e in cell["evidence"] if not e["ok"]}
     assert wrong == {"dp_shard=1 degrees.dp_shard", "tp=2 degrees.tp", "tp=2 mesh.tp"}
+
+
+def test_the_mutation_tier_kills_the_expert_gradient_scale_bug(pytester):
+    """The bug class of torchtitan issue 1551: expert gradients divided once more. AdamW makes the losses
+    follow the baseline anyway (measured: within 1e-5); the per-parameter gradient norms name it. A mutant
+    that moves expert weights after the checkpoint load is caught at step 0 by the weight checksum."""
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k", "deepseek_v3-dp2-ep2-eager and not fsdp2",
+                                           "--simplefsdp-mutants=expert_grad_divide,expert_placement",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=900)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*mutation tier: 2 of 2 mutant runs killed*"])
+    mutated = {m["mutant"]: m for m in json.loads(out.read_text())["runs"][0]["mutants"]}
+    divide = mutated["expert_grad_divide"]
+    assert (divide["mutation"], divide["killed_by"]) == ("killed", "grad_norm")
+    first = divide["numerics"]["params"]["first_difference"]
+    assert ".routed_experts." in first["param"] and first["step"] == 1 and first["cell"] / first["baseline"] == pytest.approx(0.5)
+    assert ("ratio 0.5" in divide["error_line"]) and divide["error_line"].startswith(first["param"])
+    placement = mutated["expert_placement"]
+    assert (placement["mutation"], placement["killed_by"]) == ("killed", "init_checksum")
+    log = "".join(Path(p).read_text() for p in divide["rank_logs"]["0"])
+    assert "[simplefsdp-shim] mutant: expert_grad_divide" in log

@@ -71,6 +71,9 @@ def test_a_command_target_that_ignores_its_tp_flag_fails_as_invalid_config(run_m
     assert liar["error_line"] == ("the run does not show its label: tp=2: expected mesh.tp = 2 on every rank, "
                                   "saw 1 on ranks 0, 1")
     assert sorted(liar["losses"]) == ["1", "2", "3"]  # it trained: only the evidence tells
+    # the table's footnotes give the short form per cell
+    result.stdout.fnmatch_lines(["evidence (the run shows its label: checks that hold / checks, labels checked):",
+                                 "    pass-r2-2: 1/1 (tp=2)", "    ignoretp-r2-2: 0/1 (tp=2)"])
 
 
 def test_the_dry_run_says_what_will_be_checked(run_matrix):

@@ -62,7 +62,9 @@ def test_port_already_in_use_is_named(tmp_path):
     assert not marked("port-r2")
 
 
-def test_ctrl_c_stops_the_cell_and_keeps_finished_results(pytester):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_cell_and_keeps_finished_results(pytester, sig):
+    """SIGTERM to pytest acts as Ctrl-C does: the running cell is killed, the partial table is printed."""
     path = pytester.path / "fake.yaml"
     path.write_text(fake_matrix(modes=["pass", "hang"], timeout=600))
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
@@ -70,11 +72,12 @@ def test_ctrl_c_stops_the_cell_and_keeps_finished_results(pytester):
                             cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=interruptible)
     try:
+        logs = [pytester.path / "runs" / "fake" / "hang-r2" / f"rank{r}.log" for r in (0, 1)]
         deadline = time.monotonic() + 60
-        while not marked("hang-r2") and time.monotonic() < deadline:
+        while not all(p.exists() and "fake rank" in p.read_text() for p in logs):  # both ranks are up
+            assert time.monotonic() < deadline, "the hang cell never started"
             time.sleep(0.1)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()

@@ -57,6 +57,19 @@ def test_cross_product_minus_rules(tmp_path):
     assert one.rule == "world-size" and one.reason == "8 ranks is not one of [2, 4]"
 
 
+def test_a_layout_outside_world_sizes_is_never_collected_even_without_a_rule(tmp_path):
+    """dp_shard 4 x tp 2 = 8 ranks with world_sizes [2, 4] and no world-size rule: n/a with the reason, not a
+    cell that fails at run time."""
+    text = BASE.replace("""  - name: world-size
+    drop_if: world not in world_sizes
+    reason: "{world} ranks is not one of {world_sizes}"
+""", "")
+    matrix, cells, dropped = load(tmp_path, text)
+    assert all(c.world in (2, 4) for c in cells) and len(cells) == len(load(tmp_path, BASE)[1])
+    one = next(d for d in dropped if d.axes == dict(model="llama3", dp_shard=4, tp=2, ep=1, compile="eager"))
+    assert (one.rule, one.reason) == ("world_sizes", "8 ranks (dp_shard 4 x tp 2) is not one of world_sizes [2, 4]")
+
+
 def test_ids_are_readable_stable_and_unique(tmp_path):
     _, cells, _ = load(tmp_path, BASE)
     ids = [c.id for c in cells]

@@ -101,3 +101,15 @@ def test_numerics_block_errors(run_matrix, bad, message):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     expected = message or ("lane 'close': rtol must be a number >= 0" if "rtol" in bad else "unknown lane key 'within'")
     result.stderr.fnmatch_lines([f"*fake.yaml:*: {expected}*"])
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("      grad_steps: -1\n", "fake.yaml:24: lane 'close': grad_steps must be an integer >= 0, got -1"),
+    ("      grad_steps: 1.5\n", "fake.yaml:24: lane 'close': grad_steps must be an integer >= 0, got 1.5"),
+    ("      grad_rtol: -2\n", "fake.yaml:24: lane 'close': grad_rtol must be a number >= 0, got -2"),
+], ids=["grad_steps-negative", "grad_steps-not-integer", "grad_rtol-negative"])
+def test_grad_lane_keys_are_checked(run_matrix, line, expected):
+    broken = NUMERICS.replace("      atol: 1.0e-5\n", "      atol: 1.0e-5\n" + line)
+    result = run_matrix(fake_matrix(modes=["pass", "perturb"], extra=broken))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{expected}*"])

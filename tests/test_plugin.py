@@ -135,7 +135,7 @@ def test_junitxml_carries_axes_and_class(run_matrix, pytester):
     (["--simplefsdp-timeout=soon"], "*--simplefsdp-timeout: not a number: 'soon'*"),
     (["--simplefsdp-timeout=inf"], "*--simplefsdp-timeout must be a positive finite number, got inf*"),
     (["--simplefsdp-log-limit=0"], "*--simplefsdp-log-limit must be a positive finite number, got 0*"),
-    (["--simplefsdp-launcher=mpirun"], "*unknown launcher 'mpirun'; known: torchrun, local*"),
+    (["--simplefsdp-launcher=mpirun"], "*unknown launcher 'mpirun'; built in: torchrun, local, fork, slurm*"),
 ])
 def test_bad_options_are_usage_errors(pytester, args, message):
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", *args)
@@ -185,3 +185,47 @@ def test_a_cell_that_logged_no_step_never_passes(run_matrix):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*quiet-r2: [[]no_result[]] every rank exited 0 but no step logged a loss*"])
     assert not marked("quiet-r2")
+
+
+OPTIONS_CACHE = __import__("pytest_simplefsdp.titan_options").titan_options.cache_root()  # read before pytester's HOME
+
+
+def shipped_cells(name):
+    from pytest_simplefsdp.cells import expand
+    from pytest_simplefsdp.matrix import load_matrix
+    from pytest_simplefsdp.plugin import MATRIX_DIR
+
+    return [c.id for c in expand(load_matrix(MATRIX_DIR / f"{name}.yaml"))[0]]
+
+
+@pytest.mark.parametrize("profiles, names", [
+    ("cpu,h100x8", ["cpu", "h100x8"]),
+    ("all", ["cpu", "h100x8", "titan02-cpu", "titan02-h100x8"]),
+], ids=["a,b", "all"])
+def test_several_profiles_in_one_run(pytester, monkeypatch, profiles, names):
+    # in process, with the user's options cache: a subprocess's PYTHONPATH (pytester's folder first) is part of
+    # the cache key, so every shipped config would be probed again
+    monkeypatch.setenv("XDG_CACHE_HOME", str(OPTIONS_CACHE))
+    result = pytester.runpytest_inprocess("--simplefsdp-matrix", f"--simplefsdp-profile={profiles}",
+                                           "--simplefsdp-dry-run", "--co", "-q")
+    collected = [line for line in result.stdout.lines if "::" in line and "[" not in line.split("::")[0]
+                 and " ranks, timeout " not in line]
+    want = [f"{n}.yaml::{cid}" for n in names for cid in shipped_cells(n)]
+    assert [line.rsplit("/", 1)[-1] for line in collected] == want
+
+
+def test_a_group_is_a_keyword(run_matrix):
+    text = fake_matrix(modes=["pass", "perturb", "nan"], extra="groups:\n  mine:\n    - {mode: perturb}\n    - {mode: nan}\n")
+    result = run_matrix(text, "-k", "mine", "--co", "-q")
+    result.stdout.fnmatch_lines(["fake.yaml::perturb-r2", "fake.yaml::nan-r2", "*2/3 tests collected (1 deselected)*"])
+
+
+def test_report_tool_renders_json_from_results_jsonl(run_matrix, pytester):
+    out = pytester.path / "run.json"
+    run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-json={out}")
+    again = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(pytester.path / "runs" / "results.jsonl"),
+                            "--format", "json"], capture_output=True, text=True, check=True).stdout
+    stored, rendered = json.loads(out.read_text())["runs"][0], json.loads(again)["runs"][0]
+    assert [(c["id"], c["status"], c["failure_class"]) for c in rendered["cells"]] == \
+        [(c["id"], c["status"], c["failure_class"]) for c in stored["cells"]] == \
+        [("pass-r2", "passed", None), ("fail-r2", "failed", "runtime")]

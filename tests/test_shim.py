@@ -19,7 +19,7 @@ def test_shim_says_what_it_applied_and_honours_skips():
     out = run_python("pass", SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP="cpu_sdpa_saved")
     assert out.returncode == 0, out.stderr
     assert ("[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,"
-            "dram_bandwidth_constant; skipped: cpu_sdpa_saved") in out.stderr
+            "dram_bandwidth_constant,fsdp2_sum_reduction; skipped: cpu_sdpa_saved") in out.stderr
 
 
 @pytest.mark.parametrize("env, message", [
@@ -91,3 +91,16 @@ def test_cpu_grouped_mm_matches_per_expert_matmuls():
     ref.pow(2).sum().backward()
     assert torch.allclose(out, ref, atol=1e-4)
     assert torch.allclose(x.grad, x2.grad, atol=1e-3) and torch.allclose(w.grad, w2.grad, atol=1e-3)
+
+
+@pytest.mark.parametrize("skip, op", [("", "SUM"), ("fsdp2_sum_reduction", "AVG")], ids=["patched", "skipped"])
+def test_fsdp2_reduces_with_sum_on_cpu(skip, op):
+    """Gloo has no AVG or PREMUL_SUM (the FSDP2 reference cells failed with "Cannot use ReduceOp.PREMUL_SUM
+    with Gloo"): on CPU the patch makes FSDP2 sum and divide after; GPUs keep their reduction."""
+    code = ("import torch; from torch.distributed.fsdp._fully_shard import _fsdp_collectives as c\n"
+            "group = type('Group', (), {'size': lambda self: 2})()\n"
+            "print(c._get_gradient_divide_factors(group, None, torch.float32, 'cpu')[2], "
+            "c._get_gradient_divide_factors(group, None, torch.float32, 'cuda')[2])")
+    out = run_python(code, SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP=skip)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [f"RedOpType.{op}", "RedOpType.AVG"], out.stdout

@@ -16,10 +16,14 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   daemon     rank 0 double-forks a setsid daemon that execs `sleep 97` with an empty environment
   ignoretp   like pass, but every rank records a TP mesh of size 1 whatever --tp asked
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
-shim's probe does for torchtitan.
+shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
+recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
+  loss_shift  losses from step 2 off by 0.5     crash  rank 1 raises at step 2
+  noop        acts, changes nothing (survives)  idle   finds nothing to change (records nothing)
 """
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -52,11 +56,17 @@ def main():
     started = time.time()
     time.sleep(a.startup)
     target = a.rank if a.rank >= 0 else world + a.rank
-    if a.tp is not None and os.environ.get("SIMPLEFSDP_EVIDENCE_DIR"):
-        folder = os.environ["SIMPLEFSDP_EVIDENCE_DIR"]
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
-            f.write('{"mesh": {"tp": %d}}' % (1 if a.mode == "ignoretp" else a.tp))
+    mutant = os.environ.get("SIMPLEFSDP_MUTANT")
+    record = {}
+    if a.tp is not None:
+        record["mesh"] = {"tp": 1 if a.mode == "ignoretp" else a.tp}
+    if mutant and mutant != "idle":
+        record["mutant"] = {"name": mutant, "applied": 1}
+    if record and os.environ.get("SIMPLEFSDP_EVIDENCE_DIR"):
+        evidence = os.environ["SIMPLEFSDP_EVIDENCE_DIR"]
+        os.makedirs(evidence, exist_ok=True)
+        with open(os.path.join(evidence, f"rank{rank}.json"), "w") as f:
+            json.dump(record, f)
     if a.mode == "failignore" and rank == target:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.mode == "usr1ignore" and rank == target:
@@ -79,6 +89,8 @@ def main():
             sys.stdout.close()
             sys.stderr.close()
             raise RuntimeError("fake failure on purpose")
+        if mutant == "crash" and rank == 1 and step == 2:
+            raise RuntimeError("fake mutant crash")
         if me and a.mode == "fail":
             kind, _, msg = a.error.partition(": ")
             exc = {"RuntimeError": RuntimeError, "ValueError": ValueError, "AssertionError": AssertionError}
@@ -101,6 +113,8 @@ def main():
             loss = float("nan")
         if a.mode == "perturb" and step >= 2:
             loss += a.delta
+        if mutant == "loss_shift" and step >= 2:
+            loss += 0.5
         grad_norm = 0.0 if a.mode == "zerograd" and step >= 2 else 1.0
         barrier(folder, step, rank, world)
         print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  "

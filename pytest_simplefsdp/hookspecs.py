@@ -1,0 +1,79 @@
+"""The plugin's own hooks: a conftest or another plugin extends the matrix through them.
+
+Added with ``pytest_addhooks``, as pytest-xdist adds its ``newhooks``. The built-in targets and launchers
+are implementations too (``plugin.Builtins``, registered ``trylast``), so a conftest's is asked first:
+
+    # conftest.py
+    from pytest_simplefsdp.targets import CommandTarget
+
+    class Mine(CommandTarget):
+        name = "mine"
+
+    def pytest_simplefsdp_make_target(matrix, cache_dir):
+        if matrix.target == "mine":
+            return Mine(matrix)
+
+``Target`` and ``Launcher`` say what the plugin calls on the objects these hooks return.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+
+class Target(Protocol):
+    """What a cell runs. Built in: targets.Titan03, Titan02, CommandTarget."""
+
+    name: str
+    spelling: str  # how flags were spelled, for the header
+    MUTANTS: tuple  # mutants.Mutant the target can re-inject
+
+    def check_installed(self) -> str | None: ...  # why it cannot run here, or None
+    def bind(self, cells) -> None: ...  # last checks against what is installed
+    def prepare(self) -> None: ...  # make what every cell needs (assets), once
+    def command(self, cell, dump_folder: Path, **kwargs): ...  # -> targets.RankCommand
+    def evidence_plan(self, cell) -> list: ...  # [evidence.Expect]
+    def evidence(self, cell, log_dir: Path) -> list: ...  # [evidence.Evidence]
+    def baseline_axes(self, axes: dict) -> dict: ...
+    def losses(self, dump_folder: Path) -> dict: ...  # step -> loss at full precision ({}: the log's)
+    seed_command: object  # (model, folder) -> RankCommand, or None
+
+
+class Launcher(Protocol):
+    """How a cell's ranks start. Built in: launch.TorchrunLauncher, LocalLauncher, ForkLauncher; SlurmLauncher."""
+
+    name: str
+    remote: bool  # the ranks run elsewhere: this host's GPUs and rank budget do not apply
+
+    def reproducer(self, spec) -> str: ...  # one shell line that reruns the cell alone
+    def launch(self, spec): ...  # launch.LaunchSpec -> launch.LaunchOutcome
+    def close(self) -> None: ...  # end of session
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_simplefsdp_make_target(matrix, cache_dir) -> Target | None:
+    """The Target for ``matrix`` (``matrix.target``: the name or mapping in its file), or None to pass.
+    Raise matrix.MatrixError for a target that is yours but misconfigured."""
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_simplefsdp_make_launcher(config, name, dry_run) -> Launcher | None:
+    """The Launcher ``--simplefsdp-launcher=name`` asks for, or None to pass (raise pytest.UsageError for
+    bad options of yours)."""
+
+
+def pytest_simplefsdp_modify_cells(config, matrix, cells, dropped):
+    """After expansion, before collection: change ``cells`` (cells.Cell) in place; a cell moved to
+    ``dropped`` (cells.Dropped, with a rule name and reason) shows as n/a. Called for every matrix the
+    session loads, the shipped profiles too (known-failure entries are checked against them)."""
+
+
+def pytest_simplefsdp_cell_result(config, record):
+    """Each record of the run (``record["type"]``: cell or baseline), as the controller receives it."""
+
+
+def pytest_simplefsdp_report(config, doc):
+    """At the end of the session, the run's document (what --simplefsdp-json writes): another format."""

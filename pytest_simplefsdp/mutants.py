@@ -1,0 +1,72 @@
+"""The mutation tier: named bugs re-injected into the system under test, to show the gate catches them.
+
+``--simplefsdp-mutants=all`` (or names) turns every selected cell a mutant applies to into an item
+``<cell>[mutant-<name>]``: the cell runs with ``SIMPLEFSDP_MUTANT=<name>`` (the start-up shim injects the
+bug and prints ``[simplefsdp-shim] mutant: <name>`` into the rank logs) and goes through the whole
+verdict: exit, evidence, losses, gradient and parameter norms against the unmutated baseline. The item
+passes when the gate killed the mutant (and says which check did), and fails when the mutant survived:
+a configuration with that bug would have been green.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .evidence import probe_folder, read_probes
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str  # what goes wrong, and where it happened upstream
+    applies: Callable[[dict], bool]  # cell axes -> whether the bug can show in that cell
+
+
+def _compiled(a):
+    return a.get("compile", "aot_fx_trace") == "aot_fx_trace" and a.get("pp", 1) == 1
+
+
+# torchtitan 0.3 graph_trainer (fixtures/cpu_shim/sitecustomize.py implements each by name)
+TITAN03 = (
+    Mutant("expert_grad_divide", "expert gradients divided by an extra 2, as when reduced over the wrong mesh "
+           "(torchtitan issue 1551, fixed for SimpleFSDP in PR 1793 by gradient_divide_factor)",
+           lambda a: a.get("ep", 1) > 1),
+    Mutant("reduce_scatter_sum", "FSDP's gradient reduce-scatter sums over the data-parallel ranks instead of "
+           "averaging", lambda a: a.get("dp_replicate", 1) * a.get("dp_shard", 1) > 1),
+    Mutant("dropped_grad", "one parameter's gradient (norm.weight) silently lost", lambda a: True),
+    Mutant("pp_stage_skips_backward", "the first pipeline stage runs no backward (its gradients stay zero)",
+           lambda a: a.get("pp", 1) > 1),
+    Mutant("expert_placement", "sharded expert weights land on the wrong slots of their EP rank after the "
+           "checkpoint load", lambda a: a.get("ep", 1) > 1),
+    Mutant("compile_falls_back_to_eager", "compile.mode aot_fx_trace configured, the step silently runs eager",
+           _compiled),
+)
+
+
+def parse_names(value: str, known: tuple) -> list:
+    """``all`` or comma-separated names -> the Mutant records; ValueError names an unknown one."""
+    by_name = {m.name: m for m in known}
+    if value.strip() == "all":
+        return list(known)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown or not names:
+        raise ValueError(f"unknown mutant {', '.join(map(repr, unknown)) or repr(value)}; "
+                         f"known: {', '.join(by_name) or 'none for this target'}, or all")
+    return [by_name[n] for n in names]
+
+
+def applied(log_dir, name) -> int:
+    """How many places the shim changed for the mutant, summed over ranks (0: it had nothing to act on)."""
+    return sum(int(rec.get("mutant", {}).get("applied", 0)) for rec in read_probes(probe_folder(log_dir)).values()
+               if rec.get("mutant", {}).get("name") == name)
+
+
+def killed_by(result) -> str | None:
+    """The check that failed the mutated cell, or None when it passed (the mutant survived)."""
+    if result.failure_class is None:
+        return None
+    if result.failure_class == "numerics" and result.numerics:
+        return result.numerics.get("check", "loss")
+    return {"invalid_config": "evidence"}.get(result.failure_class, f"exit ({result.failure_class})")
