@@ -231,7 +231,9 @@ def test_the_mutation_tier_kills_the_expert_gradient_scale_bug(pytester):
     divide = mutated["expert_grad_divide"]
     assert (divide["mutation"], divide["killed_by"]) == ("killed", "grad_norm")
     first = divide["numerics"]["params"]["first_difference"]
-    assert ".routed_experts." in first["param"] and first["step"] == 1 and first["cell"] / first["baseline"] == pytest.approx(0.5)
+    # half of the EP 2 layout's gradient, whose norm is within 2e-5 of the dp 2 baseline's at step 1
+    assert ".routed_experts." in first["param"] and first["step"] == 1
+    assert first["cell"] / first["baseline"] == pytest.approx(0.5, rel=1e-4)
     assert ("ratio 0.5" in divide["error_line"]) and divide["error_line"].startswith(first["param"])
     placement = mutated["expert_placement"]
     assert (placement["mutation"], placement["killed_by"]) == ("killed", "init_checksum")
