@@ -700,17 +700,23 @@ class MatrixSession:
             cell = dataclasses.replace(cell, id=f"{cell.id}[mutant-{mutant}]", mutant=mutant)
         result = self.run_and_check(run, cell)
         if not mutant:
-            verdict = judge(result, self.entries_for(run, cell), self.gate)
-            result.signature = signature(result.error_text or result.error_line)
-            result.status, result.verdict = verdict.outcome, verdict.message
-            if verdict.entry:
-                result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
+            self.apply_verdict(result, self.entries_for(run, cell))
         else:
             result.killed_by = mutants.killed_by(result)
         self.record(run, result)
         for rec in self.take_pending():
             self.collect(rec)
         return result
+
+    def apply_verdict(self, result, entries):
+        """Judge a result against its known-failure entries and write the verdict into it (a matrix item and
+        the fixture alike)."""
+        verdict = judge(result, entries, self.gate)
+        result.signature = signature(result.error_text or result.error_line)
+        result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
+        if verdict.entry:
+            result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
+        return verdict
 
     def close(self):
         if hasattr(self.launcher, "close"):
@@ -928,11 +934,8 @@ class CellItem(pytest.Item):
             result = state.run_and_check(self.run, self.cell)
         if self.cell.mutant:
             return self._judge_mutant(state, result)
-        verdict = judge(result, entries, state.gate)
-        result.signature = signature(result.error_text or result.error_line)
-        result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
+        verdict = state.apply_verdict(result, entries)
         if verdict.entry:
-            result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
             self.user_properties.append(("known_failure", verdict.entry.id))
         state.record(self.run, result)
         self.user_properties.append(("wall_s", round(time.monotonic() - start, 2)))
