@@ -29,10 +29,6 @@ class Dropped:
     reason: str
 
 
-def _matches(partial, axes):
-    return all(axes.get(k) == v for k, v in partial.items())
-
-
 def value_id(value):
     text = "none" if value is None else str(value)
     return re.sub(r"[^A-Za-z0-9_.]+", "_", text)
@@ -98,7 +94,7 @@ def expand(matrix: Matrix):
     candidates = []  # (axes, where)
     for combo in itertools.product(*(matrix.axes[n] for n in names)):
         axes = dict(zip(names, combo))
-        if any(_matches(e.values, axes) for e in matrix.exclude):
+        if any(e.matches(axes) for e in matrix.exclude):
             continue
         candidates.append((axes, matrix.where("axes")))
     index = {tuple(a.items()): i for i, (a, _) in enumerate(candidates)}
@@ -123,11 +119,11 @@ def expand(matrix: Matrix):
         if cid in by_id:
             raise MatrixError(f"{where}: two cells get the id {cid!r} ({by_id[cid].axes} and {axes}); "
                               f"adjust `ids` so that every axis value shows")
-        smoke = any(_matches(e.values, axes) for e in matrix.smoke)
+        smoke = any(e.matches(axes) for e in matrix.smoke)
         cell = Cell(cid, axes, world_size(matrix, axes), smoke, where)
         by_id[cid] = cell
         cells.append(cell)
     for entry in matrix.smoke:
-        if not any(_matches(entry.values, c.axes) for c in cells):
+        if not any(entry.matches(c.axes) for c in cells):
             raise MatrixError(f"{entry.where}: smoke entry {entry.values} matches no valid cell")
     return cells, dropped

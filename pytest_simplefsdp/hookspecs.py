@@ -1,7 +1,8 @@
 """The plugin's own hooks: a conftest or another plugin extends the matrix through them.
 
 Added with ``pytest_addhooks``, as pytest-xdist adds its ``newhooks``. The built-in targets and launchers
-are implementations too (``plugin.Builtins``, registered ``trylast``), so a conftest's is asked first:
+are implementations too (``plugin.Builtins`` and the SLURM plugin ``launch.slurm``, both ``trylast``), so a
+conftest's is asked first:
 
     # conftest.py
     from pytest_simplefsdp.targets import CommandTarget
@@ -39,11 +40,12 @@ class Target(Protocol):
     def evidence(self, cell, log_dir: Path) -> list: ...  # [evidence.Evidence]
     def baseline_axes(self, axes: dict) -> dict: ...
     def losses(self, dump_folder: Path) -> dict: ...  # step -> loss at full precision ({}: the log's)
-    seed_command: object  # (model, folder) -> RankCommand, or None
+    def seed_command(self, model: str, folder: Path): ...  # -> RankCommand of the seed checkpoint, or None
 
 
 class Launcher(Protocol):
-    """How a cell's ranks start. Built in: launch.TorchrunLauncher, LocalLauncher, ForkLauncher; SlurmLauncher."""
+    """How a cell's ranks start. Built in: launch.TorchrunLauncher, LocalLauncher, ForkLauncher; launch.slurm's
+    SlurmLauncher. Each gives its root processes to launch.Supervisor (see launch/__init__.py)."""
 
     name: str
     remote: bool  # the ranks run elsewhere: this host's GPUs and rank budget do not apply

@@ -15,6 +15,8 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from .kinds import Device, Tier
+
 TOP_KEYS = {
     "profile": "name of the profile this file defines (cpu, h100x8, ...)",
     "description": "free text shown in --help listings",
@@ -42,7 +44,7 @@ NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes"}
 LANE_KEYS = {"name", "match", "rtol", "atol", "max_miss", "grad_rtol", "grad_atol", "grad_steps"}
 RULE_KEYS = {"name", "drop_if", "reason"}
 ID_KEYS = {"prefix", "omit"}
-DEVICES = ("cpu", "cuda")
+DEVICES = tuple(d.value for d in Device)
 
 
 class MatrixError(Exception):
@@ -58,12 +60,20 @@ class Rule:
     code: object = None
 
 
+def matches(partial: dict, axes: dict) -> bool:
+    """Whether a cell's axes take every value a partial cell names (the one definition of a match)."""
+    return all(axes.get(k) == v for k, v in partial.items())
+
+
 @dataclass
 class Entry:
-    """A partial cell from include/exclude/smoke, with where it was written."""
+    """A partial cell from include/exclude/smoke/groups, with where it was written."""
 
     values: dict
     where: str
+
+    def matches(self, axes: dict) -> bool:
+        return matches(self.values, axes)
 
 
 @dataclass
@@ -93,7 +103,7 @@ class Matrix:
     path: Path
     profile: str
     target: object
-    device: str
+    device: Device
     world_sizes: list
     degrees: list
     axes: dict  # name -> list of values, in file order
@@ -109,7 +119,7 @@ class Matrix:
     groups: dict = field(default_factory=dict)  # name -> [Entry]
     numerics: Numerics | None = None
     trace: dict | None = None  # the trace tier's overrides (see with_tier)
-    tier: str = "real"
+    tier: Tier = Tier.REAL
     lines: dict = field(default_factory=dict)  # top key -> "file:line"
 
     def where(self, key):
@@ -199,6 +209,7 @@ def _entries(path, doc, key, axes, known_values=False):
 
 
 def load_matrix(path) -> Matrix:
+    """Load and validate a matrix file; every problem is a MatrixError naming the file, line and value."""
     path = Path(path)
     doc = load_yaml(path)
     if not isinstance(doc, dict):
@@ -208,47 +219,88 @@ def load_matrix(path) -> Matrix:
     for key in ("profile", "target", "axes"):
         if key not in doc:
             raise MatrixError(f"{path}: missing required key `{key}`")
+    axes = _axes(path, doc, lines)
+    for key in ("settings", "models", "ids", "groups"):  # (a list here once crashed or passed silently)
+        _mapping_or_none(path, doc, key, lines.get(key))
+    return Matrix(
+        path=path,
+        groups=_groups(path, doc, axes),
+        numerics=_numerics(path, doc, axes),
+        trace=_trace(path, doc, lines),
+        profile=str(doc["profile"]),
+        target=plain(doc["target"]),
+        device=_device(doc, lines, path),
+        world_sizes=_world_sizes(doc, lines, path),
+        degrees=_degrees(path, doc, lines, axes),
+        axes=axes,
+        settings=plain(doc.get("settings") or {}),
+        models=plain(doc.get("models") or {}),
+        exclude=_entries(path, doc, "exclude", axes, known_values=True),
+        include=_entries(path, doc, "include", axes),
+        rules=_rules(path, doc),
+        smoke=_entries(path, doc, "smoke", axes),
+        ids=_ids(path, doc, axes),
+        timeout=_timeout(doc, lines),
+        description=str(doc.get("description", "")),
+        lines=lines,
+    )
 
-    axes_node = doc["axes"]
-    if not isinstance(axes_node, dict) or not axes_node:
+
+def _axes(path, doc, lines):
+    node = doc["axes"]
+    if not isinstance(node, dict) or not node:
         raise MatrixError(f"{lines['axes']}: `axes` must map axis names to lists of values")
     axes = {}
-    for name, values in axes_node.items():
-        where = line_of(path, axes_node, key=name)
+    for name, values in node.items():
+        where = line_of(path, node, key=name)
         if not isinstance(values, list) or not values:
             raise MatrixError(f"{where}: axis {name!r} must be a non-empty list, got {values!r}")
         if len(set(map(repr, values))) != len(values):
             raise MatrixError(f"{where}: axis {name!r} lists a value twice: {list(values)}")
         axes[name] = plain(values)
+    return axes
 
+
+def _device(doc, lines, path):
     device = doc.get("device", "cpu")
     if device not in DEVICES:
         raise MatrixError(f"{lines.get('device', path)}: device {device!r} is not one of {DEVICES}")
+    return Device(device)
+
+
+def _world_sizes(doc, lines, path):
     world_sizes = plain(doc.get("world_sizes", []))
     if not world_sizes or not all(isinstance(w, int) and w > 0 for w in world_sizes):
         raise MatrixError(f"{lines.get('world_sizes', path)}: `world_sizes` must be a list of positive integers")
+    return world_sizes
+
+
+def _degrees(path, doc, lines, axes):
     degrees = plain(doc.get("degrees", []))
     for d in degrees:
         if d not in axes:
             raise MatrixError(f"{lines['degrees']}: degree {d!r} is not an axis; axes: {', '.join(axes)}")
         bad = [v for v in axes[d] if not isinstance(v, int) or v < 1]
         if bad:
-            raise MatrixError(f"{line_of(path, axes_node, key=d)}: degree axis {d!r} has non-positive-integer values {bad}")
+            raise MatrixError(f"{line_of(path, doc['axes'], key=d)}: degree axis {d!r} has non-positive-integer "
+                              f"values {bad}")
+    return degrees
 
-    for key in ("settings", "models", "ids", "groups"):  # (a list here once crashed or passed silently)
-        _mapping_or_none(path, doc, key, lines.get(key))
-    rules = _rules(path, doc)
-    trace = None
-    if doc.get("trace") is not None:
-        node = doc["trace"]
-        if not isinstance(node, dict):
-            raise MatrixError(f"{lines['trace']}: `trace` must be a mapping with keys {sorted(TRACE_KEYS)}")
-        _check_keys(path, node, TRACE_KEYS, "trace")
-        for key in ("models", "settings"):
-            _mapping_or_none(path, node, key, line_of(path, node, key=key) if key in node else None, "trace.")
-        trace = {"models": plain(node.get("models") or {}), "settings": plain(node.get("settings") or {}),
-                 "rules": _rules(path, node), "rank": int(node.get("rank", 0))}
 
+def _trace(path, doc, lines):
+    if doc.get("trace") is None:
+        return None
+    node = doc["trace"]
+    if not isinstance(node, dict):
+        raise MatrixError(f"{lines['trace']}: `trace` must be a mapping with keys {sorted(TRACE_KEYS)}")
+    _check_keys(path, node, TRACE_KEYS, "trace")
+    for key in ("models", "settings"):
+        _mapping_or_none(path, node, key, line_of(path, node, key=key) if key in node else None, "trace.")
+    return {"models": plain(node.get("models") or {}), "settings": plain(node.get("settings") or {}),
+            "rules": _rules(path, node), "rank": int(node.get("rank", 0))}
+
+
+def _ids(path, doc, axes):
     ids = plain(doc.get("ids") or {})
     for axis, spec in ids.items():
         where = line_of(path, doc["ids"], key=axis)
@@ -257,39 +309,23 @@ def load_matrix(path) -> Matrix:
         if not isinstance(spec, dict):
             raise MatrixError(f"{where}: ids.{axis} must be a mapping with keys {sorted(ID_KEYS)}")
         _check_keys(path, doc["ids"][axis], ID_KEYS, f"ids.{axis}")
+    return ids
 
+
+def _timeout(doc, lines):
     timeout = doc.get("timeout")
     if timeout is not None and (not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
         raise MatrixError(f"{lines['timeout']}: timeout must be a positive number of seconds, got {timeout!r}")
+    return timeout
 
+
+def _groups(path, doc, axes):
     groups = {}
     for name in doc.get("groups") or {}:
         if not re.fullmatch(r"[A-Za-z_]\w*", str(name)):
             raise MatrixError(f"{line_of(path, doc['groups'], key=name)}: group name {name!r} must be a word (-k NAME)")
         groups[str(name)] = _entries(path, doc["groups"], name, axes)
-
-    return Matrix(
-        path=path,
-        groups=groups,
-        numerics=_numerics(path, doc, axes),
-        trace=trace,
-        profile=str(doc["profile"]),
-        target=plain(doc["target"]),
-        device=device,
-        world_sizes=world_sizes,
-        degrees=degrees,
-        axes=axes,
-        settings=plain(doc.get("settings") or {}),
-        models=plain(doc.get("models") or {}),
-        exclude=_entries(path, doc, "exclude", axes, known_values=True),
-        include=_entries(path, doc, "include", axes),
-        rules=rules,
-        smoke=_entries(path, doc, "smoke", axes),
-        ids=ids,
-        timeout=timeout,
-        description=str(doc.get("description", "")),
-        lines=lines,
-    )
+    return groups
 
 
 def _mappings(path, parent, key, allowed, what):
@@ -393,7 +429,7 @@ def _numerics(path, doc, axes):
     return Numerics(gbs, baseline, lanes)
 
 
-def with_tier(matrix: Matrix, tier: str) -> Matrix:
+def with_tier(matrix: Matrix, tier: Tier | str) -> Matrix:
     """The matrix as a tier runs it. ``trace``: every cell is one simulated rank on this CPU
     machine (torchtitan's fake backend), with the file's `trace` models, settings and rules."""
     if tier == "real":
@@ -403,6 +439,6 @@ def with_tier(matrix: Matrix, tier: str) -> Matrix:
     models = {m: {**matrix.models.get(m, {}), **facts} for m, facts in matrix.models.items()}
     for m, facts in matrix.trace["models"].items():
         models[m] = {**models.get(m, {}), **facts}
-    return replace(matrix, tier=tier, device="cpu", models=models, numerics=None,
+    return replace(matrix, tier=Tier.of(tier), device=Device.CPU, models=models, numerics=None,
                    settings={**matrix.settings, **matrix.trace["settings"]},
                    rules=matrix.rules + matrix.trace["rules"])

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .evidence import probe_folder, read_probes
+from .kinds import Mutation, Status
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,24 @@ def killed_by(result) -> str | None:
     if result.failure_class == "numerics" and result.numerics:
         return result.numerics.get("check", "loss")
     return {"invalid_config": "evidence"}.get(result.failure_class, f"exit ({result.failure_class})")
+
+
+def judge(result, mutant: Mutant):
+    """Write the mutation verdict into a mutated cell's result: killed (the item passes) when a check failed
+    the run after the mutant acted; survived (fails) when the run was green; inconclusive (fails) when the
+    mutant changed nothing. A matrix item and the fixture alike."""
+    result.killed_by = killed_by(result)
+    acted = applied(result.log_dir, mutant.name)
+    caught = f"[{result.failure_class}] {result.error_line}" if result.failure_class else ""
+    if not acted:
+        result.mutation = Mutation.INCONCLUSIVE
+        result.verdict = (f"mutant {mutant.name} did not act in this run (nothing of its kind to change"
+                          f"{', or the run failed first: ' + caught if caught else ''})")
+    elif result.killed_by:
+        result.mutation = Mutation.KILLED
+        result.verdict = f"mutant {mutant.name} killed by the {result.killed_by} check: {caught}"
+    else:
+        result.mutation = Mutation.SURVIVED
+        result.verdict = f"mutant {mutant.name} survived: the run with this bug was green ({mutant.bug})"
+    result.status = Status.PASSED if result.mutation == Mutation.KILLED else Status.FAILED
+    return result

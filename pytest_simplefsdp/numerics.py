@@ -15,13 +15,13 @@ import json
 import math
 from pathlib import Path
 
-from .matrix import Lane
+from .matrix import Lane, matches
 
 
 def lane_for(lanes, axes):
     """The first lane one of whose partial cells matches the axes."""
     for lane in lanes:
-        if any(all(axes.get(k) == v for k, v in m.items()) for m in lane.match):
+        if any(matches(m, axes) for m in lane.match):
             return lane
     return None
 
@@ -182,3 +182,16 @@ def tensorboard_losses(dump_folder: Path, tag="loss_metrics/global_avg_loss"):
             for event in acc.Scalars(tag):
                 losses[int(event.step)] = float(event.value)
     return losses
+
+
+def untrained_step(result):
+    """The first step of a green run that trained nothing sound, as a failure line, or None: a loss that is
+    nan or inf, or a grad norm of 0 or not finite (every PP cell once ran without backward and passed)."""
+    bad = [k for k, v in result.losses.items() if math.isnan(v) or math.isinf(v)]
+    if bad:
+        return f"loss is {result.losses[min(bad)]} at step {min(bad)}"
+    dead = sorted(k for k, v in result.grad_norms.items() if v == 0 or not math.isfinite(v))
+    if dead:
+        norm = result.grad_norms[dead[0]]
+        return f"grad_norm is {norm} at step {dead[0]}" + (": that step trained nothing" if norm == 0 else "")
+    return None

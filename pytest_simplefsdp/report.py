@@ -16,39 +16,66 @@ from collections import Counter, OrderedDict
 
 from tabulate import tabulate
 
+from . import schema
+
 SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
            "dropped": "n/a"}
 
 
 def load_run(path):
-    """Read a run from a JSON document or JSON lines; returns {"runs": [{meta, cells, dropped}]}."""
+    """Read a run from a JSON document or JSON lines; returns {"runs": [{meta, cells, dropped, baselines}]}.
+    Every record is checked against the stored format (schema.py): a bad one is a SystemExit naming the
+    file, the record (its line in JSON lines) and the field."""
     with open(path) as f:
         text = f.read()
+    if not text.strip():
+        raise SystemExit(f"{path}: empty: no run recorded")
     try:
         doc = json.loads(text)
-        if isinstance(doc, dict) and "runs" in doc:
-            return doc
-    except json.JSONDecodeError:
-        pass
+    except json.JSONDecodeError as e:
+        doc = None
+        try:
+            json.loads(text.strip().splitlines()[0])  # JSON lines: each line a record of its own
+        except json.JSONDecodeError:
+            raise SystemExit(f"{path}:{e.lineno}: not valid JSON (cut short?): {e.msg}") from None
+    if isinstance(doc, dict) and "type" not in doc:
+        try:
+            return {k: v for k, v in schema.to_plain(schema.RunDoc.model_validate(doc)).items() if v is not None}
+        except schema.ValidationError as e:
+            raise SystemExit(f"{path}: not a simplefsdp run: {schema.problem(e)}") from None
+    return _load_lines(path, text)
+
+
+def _load_lines(path, text):
     runs = OrderedDict()
-    for n, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            if n == len(text.splitlines()):
+            if n == len(lines):
                 break  # a line cut short by a killed run: keep the rest
             raise SystemExit(f"{path}:{n}: not a JSON record: {e.msg}") from None
-        key = rec.get("matrix")
-        run = runs.setdefault(key, {"meta": {}, "cells": [], "dropped": [], "baselines": []})
-        kind = rec.pop("type", "cell")
+        kind = rec.pop("type", "cell") if isinstance(rec, dict) else None
+        if kind not in schema.LINE_KINDS:
+            raise SystemExit(f"{path}:{n}: not a simplefsdp record (type {kind!r}; known: "
+                             f"{', '.join(schema.LINE_KINDS)})")
+        try:
+            rec = schema.to_plain(schema.LINE_KINDS[kind].model_validate(rec))
+        except schema.ValidationError as e:
+            raise SystemExit(f"{path}:{n}: {kind} record: {schema.problem(e)}") from None
+        run = runs.setdefault(rec.get("matrix"), {"meta": None, "cells": [], "dropped": [], "baselines": []})
         if kind == "meta":
             run["meta"] = rec
-        elif kind in ("dropped", "baseline"):
-            run[kind + "s" if kind == "baseline" else kind].append(rec)
         else:
-            run["cells"].append(rec)
+            run["baselines" if kind == "baseline" else "dropped" if kind == "dropped" else "cells"].append(rec)
+    missing = [name for name, run in runs.items() if run["meta"] is None]
+    if missing:
+        raise SystemExit(f"{path}: records of {', '.join(map(str, missing))} come without its meta record")
+    if not runs:
+        raise SystemExit(f"{path}: no run recorded")
     return {"runs": list(runs.values())}
 
 

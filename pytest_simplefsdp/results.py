@@ -11,6 +11,8 @@ import re
 import signal
 from dataclasses import asdict, dataclass, field, fields
 
+from .kinds import FailureClass, Mutation, Status
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RANK_PREFIX = re.compile(r"(?m)^\[(?:rank|default)\d*\]: ?")  # torchrun's per-line prefix
 LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
@@ -34,15 +36,16 @@ CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is no
 CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$")
 FAULTHANDLER = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
-FAILURE_CLASSES = ("invalid_config", "compile", "runtime", "crash", "hang", "no_result", "numerics", "infra")
+# the typed fields of a result: a word outside its vocabulary is an error where it is set, not a wrong report
+TYPED = {"status": Status, "failure_class": FailureClass, "mutation": Mutation}
 
 
 @dataclass
 class CellResult:
     id: str
     axes: dict
-    status: str = "passed"  # pytest outcome: passed, failed, skipped, xfailed, xpassed
-    failure_class: str | None = None
+    status: Status = Status.PASSED  # the pytest outcome
+    failure_class: FailureClass | None = None
     losses: dict = field(default_factory=dict)  # step -> loss (float; NaN allowed)
     grad_norms: dict = field(default_factory=dict)  # step -> the logged total gradient norm
     error_line: str | None = None
@@ -66,8 +69,16 @@ class CellResult:
     plot: str | None = None  # loss-curve PNG of a numerics failure
     evidence: list = field(default_factory=list)  # evidence.Evidence records: the label took effect
     mutant: str | None = None  # the mutation tier: the bug this run re-injected
-    mutation: str | None = None  # ... killed, survived, or inconclusive (the mutant changed nothing)
+    mutation: Mutation | None = None  # ... killed, survived, or inconclusive (the mutant changed nothing)
     killed_by: str | None = None  # ... the check that caught it: exit (<class>), evidence, loss, grad_norm, ...
+
+    def fail(self, failure_class, line, rank=None, text=None):
+        self.status, self.failure_class, self.error_line, self.failing_rank = Status.FAILED, failure_class, line, rank
+        self.error_text = text or line
+
+    def __setattr__(self, name, value):
+        kind = TYPED.get(name)
+        super().__setattr__(name, kind.of(value) if kind else value)
 
     @classmethod
     def from_record(cls, rec: dict) -> "CellResult":
@@ -79,7 +90,9 @@ class CellResult:
         return out
 
     def record(self):
+        """Plain JSON data (pytest-xdist's channel carries nothing else): enums as their words."""
         d = asdict(self)
+        d.update({k: None if d[k] is None else str(d[k]) for k in TYPED})
         d["losses"] = {str(k): (None if v is None or math.isnan(v) else v) for k, v in self.losses.items()}
         d["grad_norms"] = {str(k): (None if math.isnan(v) else v) for k, v in self.grad_norms.items()}
         d["nan_steps"] = [k for k, v in self.losses.items() if v is not None and math.isnan(v)]
@@ -185,74 +198,77 @@ def signal_name(code):
 
 
 def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
+    """The result of a launch: losses and grad norms from the rank logs, and the first failure that
+    explains the outcome (a launch error, a hang, a flood, a failing rank, the launcher, missing steps)."""
     res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
                      log_dir=str(log_dir), rank_logs=outcome.rank_logs, reproducer=outcome.reproducer,
                      exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks), mutant=cell.mutant)
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
     res.losses, res.grad_norms = cell_losses(texts)
+    failure = _stopped(outcome, texts, res) or _rank_failure(outcome, texts) or _no_steps(res, expected_steps)
+    if failure:
+        res.fail(*failure)
+    if outcome.timed_out and outcome.first_failed_rank is not None:
+        res.details.append(f"ranks {outcome.stuck_ranks} were still running at the timeout and were killed")
+    if res.status == Status.FAILED and PORT_TAKEN.search(res.error_text or ""):
+        res.failure_class = FailureClass.INFRA
+        res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"
+    if outcome.survivors and res.status == Status.PASSED:
+        res.fail(FailureClass.INFRA, f"{len(outcome.survivors)} process(es) outlived the cell and were killed: "
+                                     f"{'; '.join(outcome.survivors[:3])}")
+    elif outcome.survivors:
+        res.details.append(f"killed {len(outcome.survivors)} leftover process(es) of the cell")
+    return res
 
-    def fail(cls, line, rank=None, text=None):
-        res.status, res.failure_class, res.error_line, res.failing_rank = "failed", cls, line, rank
-        res.error_text = text or line
 
+def _stopped(outcome, texts, res):
+    """The cell never ran to its end: it could not start, hung past its timeout, or flooded its logs."""
     if outcome.launch_error:
-        fail("infra", outcome.launch_error)
-    elif outcome.timed_out and outcome.first_failed_rank is None:  # a rank that failed first is the cause
+        return FailureClass.INFRA, outcome.launch_error
+    if outcome.timed_out and outcome.first_failed_rank is None:  # a rank that failed first is the cause
         ranks = ", ".join(map(str, outcome.stuck_ranks)) or "unknown"
-        fail("hang", f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}",
-             outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
         dumped = [r for r in outcome.stuck_ranks if FAULTHANDLER.search(texts.get(r, ""))]
         silent = [r for r in outcome.stuck_ranks if r not in dumped]
         res.details.append(f"Python stacks (SIGUSR1, faulthandler) are in the logs of ranks {dumped or 'none'}"
                            + (f"; ranks {silent} left none (SIGUSR1 ignored or blocked, or no Python)" if silent else ""))
-    elif outcome.log_flood:
-        fail("runtime", f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell was stopped "
-                        f"and its logs were cut", None)
-    else:
-        failed = outcome.first_failed_rank
-        if failed is None:
-            bad = [r for r, c in outcome.exit_codes.items() if c not in (0, None)]
-            failed = bad[0] if bad else None
-        if failed is not None and failed in texts:
-            code = outcome.exit_codes.get(failed)
-            exc = last_exception(texts[failed])
-            if code is not None and code < 0 and code != -signal.SIGTERM:
-                hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(texts[failed])), None)
-                line = f"rank {failed} killed by {signal_name(code)}" + (f": {hint}" if hint else "")
-                fail("crash", line, failed, line)
-            elif exc:
-                fail(classify(exc[0], exc[2], code), exc[0], failed, exc[1])
-            else:
-                line = fallback_error(texts[failed]) or f"rank {failed} exited with code {code}"
-                fail(classify(line, "", code), line if code is None else f"exit code {code}: {line}", failed, line)
-        elif failed == "launcher" or failed is not None:
-            text = read_text([outcome.launcher_log]) if outcome.launcher_log else ""
-            line = fallback_error(text) or f"launcher exited with code {outcome.exit_codes.get(failed)}"
-            fail("infra", line, None)
-        elif expected_steps and len(res.losses) < expected_steps:
-            fail("no_result", f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps "
-                              f"logged a loss", None)
-        elif not res.losses:  # whatever the settings say, a cell that trained no step is no pass
-            fail("no_result", "every rank exited 0 but no step logged a loss (and the matrix sets no "
-                              "settings.steps)", None)
-    if outcome.timed_out and outcome.first_failed_rank is not None:
-        res.details.append(f"ranks {outcome.stuck_ranks} were still running at the timeout and were killed")
-    if res.status == "failed" and PORT_TAKEN.search(res.error_text or ""):
-        res.failure_class = "infra"
-        res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"
-    if outcome.survivors and res.status == "passed":
-        fail("infra", f"{len(outcome.survivors)} process(es) outlived the cell and were killed: "
-                      f"{'; '.join(outcome.survivors[:3])}")
-    elif outcome.survivors:
-        res.details.append(f"killed {len(outcome.survivors)} leftover process(es) of the cell")
-    if res.status == "passed" and any(math.isnan(v) or math.isinf(v) for v in res.losses.values()):
-        bad = min(k for k, v in res.losses.items() if math.isnan(v) or math.isinf(v))
-        fail("numerics", f"loss is {res.losses[bad]} at step {bad}")
-    # a step that trained nothing (every PP cell once ran without backward and passed) is never a pass
-    dead = sorted(k for k, v in res.grad_norms.items() if v == 0 or not math.isfinite(v))
-    if res.status == "passed" and dead:
-        step, norm = dead[0], res.grad_norms[dead[0]]
-        fail("numerics", f"grad_norm is {norm} at step {step}" + (": that step trained nothing" if norm == 0 else ""))
-    return res
+        return (FailureClass.HANG, f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}",
+                outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
+    if outcome.log_flood:
+        return (FailureClass.RUNTIME, f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell "
+                                      f"was stopped and its logs were cut")
+    return None
+
+
+def _rank_failure(outcome, texts):
+    """The first failing rank's exception, signal or exit code; else the launcher's own failure."""
+    failed = outcome.first_failed_rank
+    if failed is None:
+        failed = next((r for r, c in outcome.exit_codes.items() if c not in (0, None)), None)
+    if failed is not None and failed in texts:
+        code, text = outcome.exit_codes.get(failed), texts[failed]
+        exc = last_exception(text)
+        if code is not None and code < 0 and code != -signal.SIGTERM:
+            hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(text)), None)
+            line = f"rank {failed} killed by {signal_name(code)}" + (f": {hint}" if hint else "")
+            return FailureClass.CRASH, line, failed, line
+        if exc:
+            return classify(exc[0], exc[2], code), exc[0], failed, exc[1]
+        line = fallback_error(text) or f"rank {failed} exited with code {code}"
+        return classify(line, "", code), line if code is None else f"exit code {code}: {line}", failed, line
+    if outcome.launcher_exit not in (0, None) or failed is not None:
+        text = read_text([outcome.launcher_log]) if outcome.launcher_log else ""
+        code = outcome.exit_codes.get(failed, outcome.launcher_exit)
+        return FailureClass.INFRA, fallback_error(text) or f"launcher exited with code {code}"
+    return None
+
+
+def _no_steps(res, expected_steps):
+    """Every rank exited 0: still no pass without the training steps (whatever the settings say)."""
+    if expected_steps and len(res.losses) < expected_steps:
+        return FailureClass.NO_RESULT, f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps logged a loss"
+    if not res.losses:
+        return (FailureClass.NO_RESULT, "every rank exited 0 but no step logged a loss (and the matrix sets no "
+                                        "settings.steps)")
+    return None
 

@@ -399,7 +399,8 @@ class Titan02(TorchtitanTarget):
     DEGREE_FLAGS = {**Titan03.DEGREE_FLAGS, "etp": "expert_tensor_parallel_degree"}
     JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
 
-    seed_command = None  # numerics are not wired for 0.2: its matrix files have no `numerics`
+    def seed_command(self, model, dump_folder: Path):
+        return None  # numerics are not wired for 0.2: its matrix files have no `numerics`
 
     def job_config(self, axes):
         return None, None  # one JobConfig for every cell
@@ -489,7 +490,8 @@ class CommandTarget:
     def baseline_axes(self, axes):
         return {**axes, **self.matrix.numerics.baseline}
 
-    seed_command = None  # fake targets need no seed checkpoint
+    def seed_command(self, model, dump_folder):
+        return None  # fake targets need no seed checkpoint
 
     def losses(self, dump_folder):
         return {}

@@ -16,6 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .matrix import MatrixError, line_of, load_yaml, plain
+from .kinds import FailureClass, Status
 
 ENTRY_KEYS = {
     "id": "stable name of the entry (letters, digits, - _ .)",
@@ -117,67 +118,79 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownF
         raise MatrixError(f"{path}:1: known failures must be a YAML list of entries")
     entries, ids = [], {}
     for i, node in enumerate(doc):
-        where = line_of(path, doc, index=i)
-        if not isinstance(node, dict):
-            raise MatrixError(f"{where}: an entry must be a mapping with keys {', '.join(ENTRY_KEYS)}")
-        eid = str(node.get("id", "?"))
-        for key in node:
-            if key not in ENTRY_KEYS:
-                raise MatrixError(f"{line_of(path, node, key=key)}: entry {eid!r}: unknown key {key!r}; "
-                                  f"allowed: {', '.join(ENTRY_KEYS)}")
-        for key in ("id", "when", "error", "kind", "link", "reason"):
-            if key == "error" and node.get("kind") == "skip":
-                continue
-            if not node.get(key):
-                raise MatrixError(f"{where}: entry {eid!r}: missing `{key}`" +
-                                  (" (the upstream issue, PR or review comment)" if key == "link" else ""))
-        if not re.fullmatch(r"[\w.\-]+", eid):
-            raise MatrixError(f"{line_of(path, node, key='id')}: entry id {eid!r}: use letters, digits, - _ .")
-        if eid in ids:
-            raise MatrixError(f"{line_of(path, node, key='id')}: duplicate entry id {eid!r} (first at {ids[eid]})")
-        ids[eid] = where
-        link = str(node["link"]).strip()
-        if not allow_todo_links and (link.upper().startswith("TODO") or not re.match(r"https?://", link)):
-            raise MatrixError(f"{line_of(path, node, key='link')}: entry {eid!r}: link {link!r} is not a URL; "
-                              f"name the upstream issue, PR or review comment")
-        if node["kind"] not in KINDS:
-            raise MatrixError(f"{line_of(path, node, key='kind')}: entry {eid!r}: kind {node['kind']!r} is not one "
-                              f"of {', '.join(KINDS)}")
-        when = node["when"]
-        if not isinstance(when, dict):
-            raise MatrixError(f"{line_of(path, node, key='when')}: entry {eid!r}: `when` must map axes to values")
-        for key, cond in when.items():
-            kwhere = line_of(path, when, key=key)
-            if key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
-                raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
-                                  f"{', '.join(sorted(axis_names))}; environment: "
-                                  f"{', '.join(sorted(ENV_KEYS | VERSION_KEYS))}")
-            if key in VERSION_KEYS:
-                try:
-                    SpecifierSet(str(cond))
-                except InvalidSpecifier:
-                    raise MatrixError(f"{kwhere}: entry {eid!r}: {key}: {cond!r} is not a version range "
-                                      f"(e.g. '>=2.13,<2.15')") from None
-        pattern = None
-        if node.get("error"):
-            try:
-                pattern = compile_signature(str(node["error"]))
-            except re2.error as e:
-                reason = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
-                raise MatrixError(f"{line_of(path, node, key='error')}: entry {eid!r}: error {str(node['error'])!r} is "
-                                  f"not a regex RE2 can match in linear time: {reason}") from None
-        classes = plain(node.get("classes") or [])
-        entries.append(Entry(eid, plain(when), str(node.get("error") or ""), node["kind"], link,
-                             str(node["reason"]), classes, where, pattern))
+        entry = _entry(path, node, line_of(path, doc, index=i), axis_names, allow_todo_links)
+        if entry.id in ids:
+            raise MatrixError(f"{line_of(path, node, key='id')}: duplicate entry id {entry.id!r} "
+                              f"(first at {ids[entry.id]})")
+        ids[entry.id] = entry.where
+        entries.append(entry)
     return KnownFailures(path, entries)
+
+
+def _entry(path, node, where, axis_names, allow_todo_links) -> Entry:
+    if not isinstance(node, dict):
+        raise MatrixError(f"{where}: an entry must be a mapping with keys {', '.join(ENTRY_KEYS)}")
+    eid = str(node.get("id", "?"))
+    at = lambda key: f"{line_of(path, node, key=key)}: entry {eid!r}"  # noqa: E731 - where a key's problem is
+    for key in node:
+        if key not in ENTRY_KEYS:
+            raise MatrixError(f"{at(key)}: unknown key {key!r}; allowed: {', '.join(ENTRY_KEYS)}")
+    for key in ("id", "when", "error", "kind", "link", "reason"):
+        if not node.get(key) and not (key == "error" and node.get("kind") == "skip"):
+            raise MatrixError(f"{where}: entry {eid!r}: missing `{key}`" +
+                              (" (the upstream issue, PR or review comment)" if key == "link" else ""))
+    if not re.fullmatch(r"[\w.\-]+", eid):
+        raise MatrixError(f"{line_of(path, node, key='id')}: entry id {eid!r}: use letters, digits, - _ .")
+    link = str(node["link"]).strip()
+    if not allow_todo_links and (link.upper().startswith("TODO") or not re.match(r"https?://", link)):
+        raise MatrixError(f"{at('link')}: link {link!r} is not a URL; name the upstream issue, PR or review comment")
+    if node["kind"] not in KINDS:
+        raise MatrixError(f"{at('kind')}: kind {node['kind']!r} is not one of {', '.join(KINDS)}")
+    if not isinstance(node["when"], dict):
+        raise MatrixError(f"{at('when')}: `when` must map axes to values")
+    _check_when(path, node["when"], eid, axis_names)
+    classes = plain(node.get("classes") or [])
+    unknown = [c for c in (classes if isinstance(classes, list) else [classes]) if c not in set(FailureClass)]
+    if unknown or not isinstance(classes, list):
+        raise MatrixError(f"{at('classes')}: classes {classes!r}: not a list of failure classes "
+                          f"({', '.join(c.value for c in FailureClass)})")
+    pattern = _pattern(str(node["error"]), at("error")) if node.get("error") else None
+    return Entry(eid, plain(node["when"]), str(node.get("error") or ""), node["kind"], link, str(node["reason"]),
+                 classes, where, pattern)
+
+
+def _check_when(path, when, eid, axis_names):
+    for key, cond in when.items():
+        kwhere = line_of(path, when, key=key)
+        if key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
+            raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
+                              f"{', '.join(sorted(axis_names))}; environment: "
+                              f"{', '.join(sorted(ENV_KEYS | VERSION_KEYS))}")
+        if key in VERSION_KEYS:
+            try:
+                SpecifierSet(str(cond))
+            except InvalidSpecifier:
+                raise MatrixError(f"{kwhere}: entry {eid!r}: {key}: {cond!r} is not a version range "
+                                  f"(e.g. '>=2.13,<2.15')") from None
+
+
+def _pattern(error, where):
+    try:
+        return compile_signature(error)
+    except re2.error as e:
+        reason = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise MatrixError(f"{where}: error {error!r} is not a regex RE2 can match in linear time: {reason}") from None
 
 
 @dataclass
 class Verdict:
-    outcome: str  # passed, failed, xfailed, xpassed, skipped
+    outcome: Status  # the pytest outcome the cell gets
     entry: Entry | None = None
     message: str = ""
     flaky: bool = False
+
+    def __post_init__(self):
+        self.outcome = Status.of(self.outcome)
 
 
 def compile_signature(pattern: str):

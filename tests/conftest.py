@@ -86,6 +86,12 @@ def slurm_conf():
     return proc.stdout.strip().rpartition("SLURM_CONF=")[2]
 
 
+def launcher_ready(request, launcher):
+    """For a test parametrized over launchers: SLURM up (or the test skipped) when it is the slurm one."""
+    if launcher == "slurm":
+        request.getfixturevalue("slurm")
+
+
 @pytest.fixture
 def slurm(slurm_conf, monkeypatch):
     """SLURM_CONF for this test's srun/squeue calls and the pytest runs it starts; no job may outlive it."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import marked
-from pytest_simplefsdp.plugin import MATRIX_DIR
+from pytest_simplefsdp.profiles import MATRIX_DIR
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
 if not __import__("importlib.metadata").metadata.version("torchtitan").startswith("0.3."):
@@ -76,7 +76,7 @@ def test_failing_compile_cell_is_xfailed_with_its_trace_rendered(pytester):
 
 
 def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
-    """kill -9 one rank of a real cell mid-training: reported as its crash within seconds."""
+    """kill -9 one rank of a real cell mid-training: reported as its crash, its peers torn down at once."""
     matrix = pytester.path / "long.yaml"
     matrix.write_text((MATRIX_DIR / "cpu.yaml").read_text().replace("steps: 3", "steps: 2000"))
     runs = pytester.path / "runs"
@@ -92,15 +92,14 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
                                and p.ppid() != os.getpid() and "torchtitan.train" in " ".join(p.cmdline())), None)
             time.sleep(0.2)
         assert victim is not None, "rank 1 never reached step 5"
-        killed_at = time.monotonic()
         victim.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
-        ended_at = time.monotonic()
     finally:
         if proc.poll() is None:
             proc.kill()
     assert "llama3-dp2-eager: [crash] rank 1 killed by SIGKILL" in out, out[-3000:]
-    assert ended_at - killed_at < 60  # peers are torn down, not left to a collective timeout
+    # peers are torn down at once, not left to a collective timeout or the cell's: no hang, nobody still running
+    assert "[hang]" not in out and "timed out" not in out and "still running" not in out, out[-3000:]
     assert not marked("llama3-dp2-eager")
 
 

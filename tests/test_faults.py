@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix, interruptible, marked
+from conftest import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked
 from pytest_simplefsdp import launch
 from pytest_simplefsdp.launch import MARKER, LaunchSpec, TorchrunLauncher, kill_procs, session_leftovers
 from pytest_simplefsdp.results import build_result
@@ -88,12 +88,13 @@ def test_ctrl_c_stops_the_cell_and_keeps_finished_results(pytester, sig):
     assert not marked("hang-r2")
 
 
-def test_sigkill_of_pytest_keeps_finished_results_and_orphans_die(pytester):
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_sigkill_of_pytest_keeps_finished_results_and_orphans_die(pytester, launcher):
     path = pytester.path / "fake.yaml"
     path.write_text(fake_matrix(modes=["pass", "hang"], timeout=600))
     runs = pytester.path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
-                             "--simplefsdp-launcher=local", f"--simplefsdp-artifacts={runs}"],
+                             f"--simplefsdp-launcher={launcher}", f"--simplefsdp-artifacts={runs}"],
                             cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while len(marked("hang-r2")) < 2 and time.monotonic() < deadline:
@@ -124,10 +125,11 @@ def test_end_of_session_sweep_finds_and_kills_this_sessions_processes():
         stray.kill()
 
 
-@pytest.mark.parametrize("launcher", ["local", "fork", "torchrun"])
-def test_the_first_failure_is_the_cause_when_a_peer_ignores_sigterm(run_matrix, pytester, launcher):
+@pytest.mark.parametrize("launcher", ["local", "fork", "torchrun", "slurm"])
+def test_the_first_failure_is_the_cause_when_a_peer_ignores_sigterm(run_matrix, pytester, launcher, request):
     """Rank 0 raises; rank 2 ignores SIGTERM and waits for it forever. The cell is rank 0's runtime error
     (not a hang of rank 2), and rank 2 is killed, not left to the cell timeout."""
+    launcher_ready(request, launcher)
     text = fake_matrix(modes=["failignore"], ranks=[3], args=', "--rank", "2"', timeout=120)
     if launcher == "fork":  # the fork server runs `python -m module` programs
         text = text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
@@ -142,17 +144,25 @@ def test_the_first_failure_is_the_cause_when_a_peer_ignores_sigterm(run_matrix, 
     assert not marked("failignore-r3")
 
 
-def test_a_hang_says_which_ranks_left_no_stack(run_matrix, pytester):
+@pytest.mark.parametrize("launcher", ["local", "fork", "torchrun", "slurm"])
+def test_a_hang_says_which_ranks_left_no_stack(run_matrix, pytester, launcher, request):
     """Rank 1 ignores SIGUSR1: its log has no stack, and the report says so instead of claiming every rank's."""
+    launcher_ready(request, launcher)
     out = pytester.path / "run.json"
-    result = run_matrix(fake_matrix(modes=["usr1ignore"], ranks=[2], args=', "--rank", "1"', timeout=5),
-                        f"--simplefsdp-json={out}")
+    text = fake_matrix(modes=["usr1ignore"], ranks=[2], args=', "--rank", "1"', timeout=5 if launcher == "local" else 30)
+    result = run_matrix(as_module(text) if launcher == "fork" else text, f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
     cell = json.loads(out.read_text())["runs"][0]["cells"][0]
     assert cell["failure_class"] == "hang" and cell["stuck_ranks"] == [0, 1]
     assert "Python stacks (SIGUSR1, faulthandler) are in the logs of ranks [0]; ranks [1] left none" in " ".join(
         cell["details"])
     assert not marked("usr1ignore-r2")
+
+
+def as_module(text):
+    """The fake rank as `python -m fake_rank` (what the fork server runs)."""
+    return text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
+        "target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
 
 
 def sleepers(seconds="97"):
@@ -163,10 +173,11 @@ def sleepers(seconds="97"):
     return found
 
 
-@pytest.mark.parametrize("launcher", ["local", "fork", "torchrun"])
-def test_a_daemon_that_sheds_group_and_environment_is_found_and_killed(run_matrix, pytester, launcher):
+@pytest.mark.parametrize("launcher", ["local", "fork", "torchrun", "slurm"])
+def test_a_daemon_that_sheds_group_and_environment_is_found_and_killed(run_matrix, pytester, launcher, request):
     """setsid + double fork + execve with an empty environment: no process group, no marker; the runner is
     the child subreaper, so the daemon comes back to it and the after-cell sweep names and kills it."""
+    launcher_ready(request, launcher)
     text = fake_matrix(modes=["daemon"])
     if launcher == "fork":
         text = text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
@@ -200,7 +211,8 @@ def test_a_sweep_never_takes_the_exit_code_of_another_cells_rank():
 def test_a_killed_rank_keeps_its_signal_as_exit_code():
     """kill_procs on a launcher's own child waits through its Popen: a rank stopped at the timeout
     reads -SIGTERM in the report, not the 0 a reaped child reads."""
-    rank = launch.spawn([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    time.sleep(0.3)
+    rank = launch.spawn([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                        start_new_session=True, stdout=subprocess.PIPE)
+    assert rank.stdout.readline() == b"up\n"  # it runs its sleep: the kill hits the running rank
     kill_procs([psutil.Process(rank.pid)], grace=5)
     assert rank.returncode == -signal.SIGTERM

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix, marked
+from conftest import FAKE_RANK, fake_matrix, launcher_ready, marked
 
 
 def module_matrix(modes, **kw):
@@ -38,9 +38,10 @@ def test_fork_falls_back_for_scripts_and_says_so(run_matrix):
                                  "ran under the local launcher*"])
 
 
-@pytest.mark.parametrize("launcher", ["fork", "local", "torchrun"])
-def test_a_rank_that_closes_its_output_and_raises_fails(run_matrix, pytester, launcher):
+@pytest.mark.parametrize("launcher", ["fork", "local", "torchrun", "slurm"])
+def test_a_rank_that_closes_its_output_and_raises_fails(run_matrix, pytester, launcher, request):
     """Under fork this once recorded exit code 0 on every rank and passed the cell."""
+    launcher_ready(request, launcher)
     out = pytester.path / "run.json"
     result = run_matrix(module_matrix(["closeraise"]), f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)

@@ -101,3 +101,20 @@ def test_without_an_implementation_the_names_stay_unknown(pytester):
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-launcher=counting")
     result.stderr.fnmatch_lines(["*unknown launcher 'counting'; built in: torchrun, local, fork, slurm "
                                  "(plugins add more: pytest_simplefsdp_make_launcher)*"])
+
+
+def test_the_slurm_launcher_is_a_plugin_of_its_own(pytester):
+    """Its options and its launcher come through the same hooks a third party's would: blocked with -p no:,
+    both are gone, and the rest of the plugin works without it."""
+    (pytester.path / "hooks.yaml").write_text(MATRIX)
+    help_text = pytester.runpytest_subprocess("--help").stdout.str()
+    assert "--simplefsdp-slurm-partition" in help_text and "--simplefsdp-matrix" in help_text
+    blocked = ["-p", "no:simplefsdp_slurm"]
+    help_text = pytester.runpytest_subprocess("--help", *blocked).stdout.str()
+    assert "--simplefsdp-slurm-partition" not in help_text and "--simplefsdp-matrix" in help_text
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-launcher=slurm", *blocked)
+    result.stderr.fnmatch_lines(["*unknown launcher 'slurm'*"])
+    pytester.makeconftest(CONFTEST)
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=hooks.yaml",
+                                           "--simplefsdp-launcher=counting", *blocked)
+    result.assert_outcomes(passed=1, failed=1)

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_simplefsdp.cells import expand
 from pytest_simplefsdp.matrix import MatrixError, load_matrix
-from pytest_simplefsdp.plugin import MATRIX_DIR
+from pytest_simplefsdp.profiles import MATRIX_DIR
 from pytest_simplefsdp.targets import make_target
 
 BASE = """\

@@ -78,11 +78,14 @@ def test_faults_are_classified(run_matrix, mode, cls, line):
     assert not marked(f"{mode}-r2")
 
 
-def test_hang_is_killed_with_stacks_and_stuck_rank(run_matrix, pytester):
-    result = run_matrix(fake_matrix(modes=["hang"], ranks=[3], timeout=4))
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_hang_is_killed_with_stacks_and_stuck_rank(run_matrix, pytester, launcher):
+    result = run_matrix(fake_matrix(modes=["hang"], ranks=[3], timeout=4 if launcher == "local" else 20),
+                        launcher=launcher)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*hang-r3: [[]hang[]] timed out after * s; ranks still running: 0, 1, 2*"])
-    log = (pytester.path / "runs" / "fake" / "hang-r3" / "rank1.log").read_text()
+    cell = pytester.path / "runs" / "fake" / "hang-r3"  # rank 1's log, as each launcher names it
+    log = "".join(p.read_text() for p in [*cell.glob("rank1.log"), *cell.glob("torchrun/*/attempt_*/1/std*.log")])
     assert "Current thread" in log or "Thread 0x" in log  # faulthandler's dump
     assert "time.sleep(3600)" in log or "in main" in log
     assert not marked("hang-r3")
@@ -193,7 +196,7 @@ OPTIONS_CACHE = __import__("pytest_simplefsdp.titan_options").titan_options.cach
 def shipped_cells(name):
     from pytest_simplefsdp.cells import expand
     from pytest_simplefsdp.matrix import load_matrix
-    from pytest_simplefsdp.plugin import MATRIX_DIR
+    from pytest_simplefsdp.profiles import MATRIX_DIR
 
     return [c.id for c in expand(load_matrix(MATRIX_DIR / f"{name}.yaml"))[0]]
 
@@ -229,3 +232,56 @@ def test_report_tool_renders_json_from_results_jsonl(run_matrix, pytester):
     assert [(c["id"], c["status"], c["failure_class"]) for c in rendered["cells"]] == \
         [(c["id"], c["status"], c["failure_class"]) for c in stored["cells"]] == \
         [("pass-r2", "passed", None), ("fail-r2", "failed", "runtime")]
+
+
+def test_a_lost_port_is_retried_once_on_another(run_matrix, pytester):
+    """The first try's rendezvous port is taken between our check and the bind: the cell runs again elsewhere."""
+    flag = pytester.path / "first-try-done"
+    result = run_matrix(fake_matrix(modes=["porttaken"], args=f', "--flag", "{flag}"'),
+                        f"--simplefsdp-json={pytester.path / 'run.json'}")
+    result.assert_outcomes(passed=1)
+    cell = json.loads((pytester.path / "run.json").read_text())["runs"][0]["cells"][0]
+    assert flag.exists() and cell["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
+    assert any(d.startswith("first try: rendezvous port ") and "is already in use" in d
+               and "; relaunched on port " in d for d in cell["details"]), cell["details"]
+
+
+def test_the_default_ranks_limit_is_one_per_gb_of_available_memory(run_matrix):
+    import psutil
+
+    limit = int(psutil.virtual_memory().available / 1e9)
+    result = run_matrix(fake_matrix(ranks=[limit + 100]))
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.stdout.lines if "ranks do not fit this machine" in x)
+    assert f"[infra] {limit + 100} ranks do not fit this machine: at most " in line
+    assert abs(int(line.split("at most ")[1].split()[0]) - limit) <= 2  # memory moves a little meanwhile
+    assert "default one per GB of available memory" in line
+    assert not marked(f"pass-r{limit + 100}")
+
+
+def test_ordinary_test_files_are_not_collected_in_matrix_mode(run_matrix, pytester):
+    pytester.makepyfile(test_ordinary="def test_would_fail():\n    assert False\n")
+    result = run_matrix(fake_matrix(), "-v")
+    result.assert_outcomes(passed=1)
+    assert "test_would_fail" not in result.stdout.str() and "test_ordinary.py" not in result.stdout.str()
+    plain = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")  # and without the flag they are
+    plain.assert_outcomes(failed=1)
+
+
+def test_the_session_fails_loudly_when_a_process_of_it_survives(run_matrix, pytester):
+    """A process of this session that no cell owns (here, started by a conftest) is found, named and killed
+    at the end, and the run fails although every cell passed."""
+    pytester.makeconftest("""
+        import os, subprocess, sys
+        from pytest_simplefsdp import launch
+
+        def pytest_sessionstart(session):
+            env = dict(os.environ, **{launch.MARKER: f"stray:{launch.SESSION}:conftest"})
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # stray-of-conftest"], env=env)
+        """)
+    result = run_matrix(fake_matrix())
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*simplefsdp: processes outlived the run (killed now)*",
+                                 "pid *: *python* -c import time; time.sleep(600)  # stray-of-conftest*"])
+    assert not marked("stray:")

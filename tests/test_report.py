@@ -1,5 +1,6 @@
 """Reports: status markdown from a run and from its JSON, comparison with a stored run, reproducers."""
 
+import fnmatch
 import json
 import subprocess
 import sys
@@ -79,3 +80,34 @@ def test_junit_has_one_property_per_axis(run_matrix, pytester):
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert props["axis.mode"] == "fail" and props["axis.ranks"] == "2"
     assert props["failure_class"] == "runtime" and float(props["wall_s"]) > 0
+
+
+def report_tool(*args):
+    return subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_the_report_tool_refuses_malformed_input_naming_file_record_and_field(run_matrix, pytester):
+    js = pytester.path / "run.json"
+    run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-json={js}")
+    doc, lines = json.loads(js.read_text()), (pytester.path / "runs" / "results.jsonl").read_text().splitlines()
+    bad = pytester.path / "bad.json"
+    for name, text, message in [
+        ("cut short", js.read_text()[:len(js.read_text()) // 2], f"{bad}:* not valid JSON (cut short?): "),
+        ("empty", "", f"{bad}: empty: no run recorded"),
+        ("no row", json.dumps({"runs": [{**doc["runs"][0], "cells": [
+            {k: v for k, v in doc["runs"][0]["cells"][0].items() if k != "row"}]}]}),
+         f"{bad}: not a simplefsdp run: runs.0.cells.0.row: Field required"),
+        ("bad status", json.dumps({"runs": [{**doc["runs"][0], "cells": [
+            dict(doc["runs"][0]["cells"][0], status="passd")]}]}),
+         f"{bad}: not a simplefsdp run: runs.0.cells.0.status: Input should be *(got 'passd')"),
+        ("line without meta", "\n".join(lines[1:]) + "\n", f"{bad}: records of fake.yaml come without its meta record"),
+        ("line missing a field", "\n".join([lines[0], json.dumps({k: v for k, v in json.loads(lines[1]).items()
+                                                                  if k != "axes"}), lines[2]]) + "\n",
+         f"{bad}:2: cell record: axes: Field required"),
+    ]:
+        bad.write_text(text)
+        proc = report_tool(bad)
+        assert proc.returncode == 1 and fnmatch.fnmatch(proc.stderr.strip(), message + "*"), (name, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert report_tool(js).returncode == 0  # the good one still renders

@@ -221,7 +221,7 @@ def test_an_unsupported_torch_stops_the_run_before_any_cell(pytester):
 
 
 def test_a_dry_run_without_the_targets_torchtitan_says_its_flags_are_unchecked(monkeypatch):
-    from pytest_simplefsdp.plugin import MATRIX_DIR
+    from pytest_simplefsdp.profiles import MATRIX_DIR
 
     monkeypatch.setattr(targets, "_installed", {"torch": "2.14.1", "torchtitan": "0.3.0"}.get)
     target = make_target(load_matrix(MATRIX_DIR / "titan02-cpu.yaml"), MATRIX_DIR)

@@ -1,5 +1,6 @@
 """Known failures: signatures, validation, verdicts as pytest outcomes, gate mode, file updates."""
 
+import shutil
 import textwrap
 
 import pytest
@@ -123,6 +124,31 @@ def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):
     result.stdout.fnmatch_lines(["pass * flaky pass *", "fail * flaky fail *"])
 
 
+@pytest.mark.parametrize("classes, outcome", [("[runtime]", "xfailed"), ("[runtime, hang]", "xfailed"),
+                                             ("[hang]", "failed")])
+def test_classes_limit_what_an_entry_accepts(run_matrix, pytester, classes, outcome):
+    """The error matches, but an entry with `classes:` accepts only failures of those classes."""
+    path = kf_file(pytester, KF.replace("  kind: xfail", f"  classes: {classes}\n  kind: xfail"))
+    result = run_matrix(with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}")
+    result.assert_outcomes(passed=1, **{outcome: 1})
+    if outcome == "failed":
+        result.stdout.fnmatch_lines(["*fail-r2: [[]runtime[]] RuntimeError: Eq(u0 + u1, 3072)*"])
+
+
+def test_device_condition(run_matrix, pytester):
+    """`device` in `when` is the profile's device: a cpu entry applies here; a cuda one could apply to no cell
+    of any profile that has a `mode` axis, and is refused before anything runs."""
+    text = with_error("RuntimeError: Eq(u0 + u1, 3072)")
+    path = kf_file(pytester, KF.replace("mode: fail,", "mode: fail, device: cpu,"))
+    run_matrix(text, f"--simplefsdp-known-failures={path}").assert_outcomes(passed=1, xfailed=1)
+    shutil.rmtree(pytester.path / "runs")
+    path = kf_file(pytester, KF.replace("mode: fail,", "mode: fail, device: cuda,"))
+    result = run_matrix(text, f"--simplefsdp-known-failures={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*entry 'fake-eq' matches no valid cell of any profile*"])
+    assert not (pytester.path / "runs" / "fake").exists()
+
+
 @pytest.mark.parametrize("change, message", [
     (("link: https://github.com/pytorch/torchtitan/pull/1529", "link: TODO"),
      "known_failures.yaml:6: entry 'fake-eq': link 'TODO' is not a URL"),
@@ -135,6 +161,8 @@ def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):
     (("kind: xfail", "kind: maybe"), "known_failures.yaml:5: entry 'fake-eq': kind 'maybe' is not one of"),
     (("reason:", "why:"), "known_failures.yaml:7: entry 'fake-eq': unknown key 'why'"),
     (("mode: fail", "mode: explode"), "entry 'fake-eq' matches no valid cell of any profile"),
+    (("  kind: xfail", "  classes: [runtme]\n  kind: xfail"),
+     "known_failures.yaml:5: entry 'fake-eq': classes ?'runtme'?: not a list of failure classes (invalid_config, "),
     (("# a comment that survives updates\n", KF.replace("# a comment that survives updates\n", "")),
      "known_failures.yaml:7: duplicate entry id 'fake-eq' (first at *known_failures.yaml:1)"),
 ])

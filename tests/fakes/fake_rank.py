@@ -49,6 +49,7 @@ def main():
     p.add_argument("--startup", type=float, default=0.0, help="seconds to sleep before step 1")
     p.add_argument("--at-step", type=int, default=2, help="the step at which --rank misbehaves")
     p.add_argument("--tp", type=int, default=None, help="the TP degree asked; recorded as evidence")
+    p.add_argument("--flag", default=None, help="porttaken: the file whose absence makes this try fail")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
@@ -72,6 +73,12 @@ def main():
     if a.mode == "usr1ignore" and rank == target:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     print(f"fake rank {rank}/{world} pid {os.getpid()} mode {a.mode}", flush=True)
+    if a.mode == "porttaken" and not os.path.exists(a.flag):  # the first try loses its port, as a bind race does
+        barrier(folder, 0, rank, world)
+        if rank == 0:
+            open(a.flag, "w").close()
+        raise RuntimeError("The server socket has failed to listen on any local network address. "
+                           "[errno: 98 - Address already in use]")
     if a.mode == "noresult":
         return 0
     if a.mode == "daemon" and rank == 0 and os.fork() == 0:  # escapes the process group and the marker

@@ -9,6 +9,9 @@ SLURM owns the processes, so this launcher never signals them itself: a stack du
 ``scancel --signal=USR1`` on the step (torchrun ignores it, the ranks' faulthandler prints), a stop is
 ``scancel`` of the step, and a cell still queued is withdrawn by stopping its srun. The cell's
 timeout counts from the moment the step starts; the time in the queue has its own limit.
+
+This module is a pytest plugin of its own (entry point ``simplefsdp_slurm``): it adds its options to the
+plugin's group and answers ``pytest_simplefsdp_make_launcher`` for ``slurm``, as any other plugin could.
 """
 
 from __future__ import annotations
@@ -19,16 +22,24 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from .launch import (STACK_DUMP_WAIT_S, LaunchOutcome, LaunchSpec, TorchrunLauncher, die_with_parent, quote_env,
-                     rank_env, Supervisor, cell_token, spawn)
+import pytest
+
+from ..evidence import probe_folder
+from ..options import Option, add_options, positive, read, whole
+from .procs import cell_token, die_with_parent, quote_env, rank_env, spawn
+from .reaper import SURVIVOR_LINE
+from .supervisor import STACK_DUMP_WAIT_S, LaunchOutcome, LaunchSpec, Supervisor
+from .torchrun import TorchrunLauncher, read_root_cause
 
 GPUS_PER_NODE = 8  # a GPU cell's default ranks per node
 STEP_LINE = "simplefsdp-step"
 STEP = re.compile(rf"(?m)^{STEP_LINE} (\d+)\.(\d+) node (\d+) of (\S+)")
+SURVIVOR = re.compile(rf"(?m)^{SURVIVOR_LINE} (pid \d+ \(.*\))$")
 QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
 CANCELLED = re.compile(r"(?m)^.*\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?: \*\*\*|$).*$")
 SRUN_ERROR = re.compile(r"(?m)^srun: (?:error|fatal): (.*)$")
@@ -111,8 +122,9 @@ class SlurmLauncher:
         head = ("addr=127.0.0.1" if nodes == 1 else  # the step's first node, as SLURM reaches it
                 'head=$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n1); '
                 'addr=$(scontrol show node "$head" | sed -n "s/.* NodeAddr=\\([^ ]*\\).*/\\1/p")')
+        reaper = [sys.executable, "-m", "pytest_simplefsdp.launch.reaper"]  # nothing of the cell outlives it
         script = (f"trap \"\" USR1; echo \"{STEP_LINE} $SLURM_JOB_ID.$SLURM_STEP_ID node $SLURM_NODEID of "
-                  f"$SLURM_STEP_NODELIST\"; {head}; exec " + " ".join(map(_shell_word, torchrun)))
+                  f"$SLURM_STEP_NODELIST\"; {head}; exec " + " ".join(map(_shell_word, reaper + torchrun)))
         return argv + ["bash", "-c", script]
 
     def reproducer(self, spec: LaunchSpec):
@@ -146,15 +158,16 @@ class SlurmLauncher:
             with self.lock:
                 self.active.add(step)
             try:
-                step.run({"srun": proc}, alive_ranks=step.dumped_ranks)
+                step.run({"srun": proc}, alive_ranks=step.stuck_ranks)
             finally:
                 with self.lock:
                     self.active.discard(step)
         out.rank_logs = rank_logs(spec.log_dir, nodes, per_node)  # torchrun made them while the step ran
         code = out.exit_codes.pop("srun", None)
         step.read_slurm_verdict(code)
+        out.survivors += SURVIVOR.findall(out.launcher_log.read_text(errors="replace"))  # named by the node's reaper
         if not out.launch_error:
-            TorchrunLauncher._read_root_cause(out, code)
+            read_root_cause(out, code)
         return out
 
     def close(self):
@@ -214,6 +227,12 @@ class _StepSupervisor(Supervisor):
         subprocess.run(["scancel", f"--signal={signal.SIGUSR1.name[3:]}", self.step], capture_output=True)
         time.sleep(STACK_DUMP_WAIT_S)
 
+    def stuck_ranks(self):
+        """The ranks still running at the timeout: those that printed a stack after the dump signal, and those
+        whose start-up shim still marks them running (a rank that ignores SIGUSR1 prints nothing)."""
+        running = {int(p.name[4:].partition(".")[0]) for p in (probe_folder(self.spec.log_dir) / "running").glob("rank*")}
+        return sorted(set(self.dumped_ranks()) | running)
+
     def dumped_ranks(self):
         """The ranks that printed a stack after the dump signal: they were still running."""
         alive = []
@@ -259,7 +278,7 @@ class _StepSupervisor(Supervisor):
             cancelled = None  # SLURM stopped the other nodes because a task failed: the ranks tell why
         if cancelled and cancelled.group(1) == "TIME LIMIT":
             out.timed_out = True
-            out.stuck_ranks = self.dumped_ranks()
+            out.stuck_ranks = self.stuck_ranks()
             out.notes.append(f"SLURM's time limit ended the step: {cancelled.group(0).strip()}")
         elif cancelled and not self.cancelled:
             out.launch_error = f"SLURM cancelled the step: {cancelled.group(0).strip()}"
@@ -269,3 +288,45 @@ class _StepSupervisor(Supervisor):
             nodes = self.spec.nproc // self.per_node
             out.launch_error = (f"SLURM did not run the cell ({nodes} node{'s' * (nodes > 1)} of {self.per_node} "
                                 f"rank{'s' * (self.per_node > 1)}): {said}")
+
+
+# --- the plugin: its options and its launcher, through the hooks any plugin uses ------------------------
+
+
+def _srun_words(name, value):
+    try:
+        return shlex.split(value or "")
+    except ValueError as e:
+        raise pytest.UsageError(f"--simplefsdp-{name}: {e}: {value!r}") from None
+
+
+OPTIONS = [
+    Option("slurm-partition", "string", None, "slurm launcher: the partition the cells' steps run in "
+                                              "(srun --partition)"),
+    Option("slurm-account", "string", None, "slurm launcher: the account charged (srun --account)"),
+    Option("slurm-args", "string", None, "slurm launcher: more srun options, as one shell-quoted string "
+                                         "(e.g. \"--qos=high --cpus-per-task=16\")", _srun_words),
+    Option("slurm-ranks-per-node", "string", None, "slurm launcher: most ranks one node runs; larger cells span "
+                                                   "nodes (default: 8 for GPU profiles, one node for CPU profiles)",
+           whole),
+    Option("slurm-queue-timeout", "string", "3600", "slurm launcher: seconds a cell may wait in SLURM's queue "
+                                                    "before it is withdrawn and reported as not scheduled (its "
+                                                    "--simplefsdp-timeout counts from the step's start)", positive),
+]
+
+
+def pytest_addoption(parser):
+    add_options(parser, OPTIONS)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_simplefsdp_make_launcher(config, name, dry_run):
+    if name != "slurm":
+        return None
+    o = read(config, OPTIONS)
+    options = SlurmOptions(o["slurm_partition"], o["slurm_account"], o["slurm_args"], o["slurm_ranks_per_node"],
+                           o["slurm_queue_timeout"] or 3600.0)
+    problem = None if dry_run else check_cluster(options)
+    if problem:
+        raise pytest.UsageError(problem)
+    return SlurmLauncher(options)

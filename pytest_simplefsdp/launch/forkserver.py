@@ -1,4 +1,4 @@
-"""The fork server behind ``--simplefsdp-launcher fork`` (started as ``python -m pytest_simplefsdp.forkserver``).
+"""The fork server behind ``--simplefsdp-launcher fork`` (started as ``python -m pytest_simplefsdp.launch.forkserver``).
 
 It imports the target's modules once (what the entry module imports at its top, e.g. torch and
 torchtitan, and the config module: most of a CPU cell's wall time), then for each cell forks one child
@@ -6,8 +6,8 @@ per rank. A child starts a new session, sends its output to its rank log, takes 
 torchrun would give it and runs the entry module as ``__main__``; every cell gets fresh forks, so nothing a cell changes reaches the next one. The
 server itself never initialises CUDA, thread pools or process groups: importing torch does none.
 
-Protocol (JSON lines): stdin takes ``{"nproc", "first_rank", "module", "args", "env", "logs",
-"cwd"}``; stdout answers ``{"pids": [...]}`` and then ``{"rank": r, "code": c}`` per finished rank.
+Protocol (JSON lines): stdin takes ``{"module", "args", "envs", "logs", "cwd"}`` (one environment and one
+log per rank, made by the launcher as for its other ranks); stdout answers ``{"pids": [...]}`` and then ``{"rank": r, "code": c}`` per finished rank.
 """
 
 import faulthandler
@@ -49,11 +49,7 @@ def _rank(req, rank, server):
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     faulthandler.enable(all_threads=True)  # what PYTHONFAULTHANDLER=1 gives a fresh rank: a stack on SIGSEGV
     os.environ.clear()
-    os.environ.update(req["env"])
-    global_rank = req["first_rank"] + rank
-    os.environ.update(RANK=str(global_rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(global_rank),
-                      WORLD_SIZE=str(req["nproc"]), LOCAL_WORLD_SIZE=str(req["nproc"]),
-                      ROLE_WORLD_SIZE=str(req["nproc"]))
+    os.environ.update(req["envs"][rank])
     if req.get("cwd"):
         os.chdir(req["cwd"])
     sys.argv = [req["module"], *req["args"]]
@@ -117,7 +113,7 @@ def main():
     for line in sys.stdin:
         req = json.loads(line)
         pids = {}
-        for rank in range(req["nproc"]):
+        for rank in range(len(req["envs"])):
             pid = os.fork()
             if pid == 0:
                 _child(req, rank, server)  # never returns

@@ -1,0 +1,343 @@
+"""The controller of a matrix session (registered as a plugin under --simplefsdp-matrix, as pytest-xdist
+registers its dsession): it loads the matrix files and known failures, checks what the machine offers,
+turns the cells into items, runs each through the runner and the numerics book, judges it against the
+known failures, and at the end writes the table, JSON, status file and the known-failures update from
+the records the test reports carried."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from . import mutants, report
+from .baselines import Book, Unavailable
+from .items import CellItem, MatrixCollector
+from .kinds import Device, FailureClass, Status
+from .launch import LAUNCHERS, kill_procs, session_leftovers
+from .matrix import MatrixError
+from .options import settings
+from .profiles import MATRIX_DIR, MatrixRun, cuda_device_ids, matrix_files
+from .results import CellResult
+from .runner import CellRunner
+from .schedule import Packer
+from .store import ResultStore
+from .targets import ROOT
+from .verdict import could_apply, judge, load_known_failures, signature, update_file
+
+
+def make_launcher(config, dry_run):
+    name = config.getoption("simplefsdp_launcher") or config.getini("simplefsdp_launcher")
+    launcher = config.hook.pytest_simplefsdp_make_launcher(config=config, name=name, dry_run=dry_run)
+    if launcher is None:
+        raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {name!r}; built in: "
+                                f"{', '.join([*LAUNCHERS, 'slurm'])} (plugins add more: pytest_simplefsdp_make_launcher)")
+    return launcher
+
+
+def load_runs(config, s, files, cache_dir):
+    """The session's matrix files, loaded, expanded, and bound to what is installed."""
+    try:
+        runs = [MatrixRun(p, config, cache_dir, s.tier) for p in (files or matrix_files(s))]
+        for run in runs:
+            problem = run.target.check_installed()
+            if problem and not s.dry_run:
+                raise pytest.UsageError(problem)
+            if not problem:  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: unchecked)
+                run.target.bind(run.cells)
+    except (MatrixError, RuntimeError) as e:
+        raise pytest.UsageError(str(e)) from None
+    return runs
+
+
+def load_known(config, s, runs, cache_dir):
+    """The known failures, each entry checked to be able to match a valid cell of some profile (every
+    profile shipped or run counts; shipped ones in the real tier, since a tier's rules may drop more)."""
+    path = s.known_failures
+    if path is None:
+        path = next((p for p in (config.rootpath / "known_failures.yaml", ROOT / "known_failures.yaml")
+                     if p.exists()), None)
+        if path is None:
+            return None
+    profiles = list(runs)
+    for p in MATRIX_DIR.glob("*.yaml"):
+        if not any(r.matrix.path.resolve() == p.resolve() and r.matrix.tier == "real" for r in runs):
+            try:
+                profiles.append(MatrixRun(p, config, cache_dir))
+            except MatrixError:
+                continue
+    try:
+        known = load_known_failures(path, {a for r in profiles for a in r.matrix.axes},
+                                    allow_todo_links=s.update_known_failures)
+        for entry in known.entries:
+            if not any(could_apply(entry, c.axes, r.env()) for r in profiles for c in r.cells):
+                raise MatrixError(f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
+                                  f"({', '.join(r.matrix.profile for r in profiles)})")
+    except MatrixError as e:
+        raise pytest.UsageError(str(e)) from None
+    return known
+
+
+class Controller:
+    def __init__(self, config, files=None):
+        self.config = config
+        self.settings = s = settings(config)
+        self.launcher = make_launcher(config, s.dry_run)
+        self.cache_dir = config.rootpath / ".simplefsdp"
+        self.run_dir = s.artifacts or self.cache_dir / "runs" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        # pytest-xdist: the controller names the run folder; each worker runs its cells (and its own seeds
+        # and baselines) in a subfolder, and its records reach the controller on the test reports
+        self.worker = getattr(config, "workerinput", None)
+        if self.worker is not None and "simplefsdp_run_dir" in self.worker:
+            self.run_dir = Path(self.worker["simplefsdp_run_dir"]) / self.worker["workerid"]
+        elif getattr(config.option, "numprocesses", None):
+            if s.jobs != 1:
+                raise pytest.UsageError("--simplefsdp-jobs packs cells in one process; with pytest-xdist (-n) "
+                                        "choose one of the two")
+            if s.dry_run:
+                raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
+        self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
+        self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks)
+        self.runs = load_runs(config, s, files, self.cache_dir)
+        if not s.dry_run:
+            self._check_gpus()
+        self.mutants = self._chosen_mutants()  # run name -> [mutants.Mutant] of --simplefsdp-mutants
+        self.known = load_known(config, s, self.runs, self.cache_dir)
+        self.store = ResultStore(self.run_dir, self.runs, self.launcher.name, config.hook, config)
+        self.book = Book(self.runner, self.store, self.run_dir, s.baseline)
+        self.selected = []
+        self.packer = None
+        self.leftover_lines, self.update_lines = [], []
+
+    def _check_gpus(self):
+        have = len(cuda_device_ids())
+        for run in self.runs:
+            if run.matrix.device == Device.CUDA and not self.runner.launcher_for(run).remote:  # (trace tier: CPU)
+                need = max((c.world for c in run.cells), default=0)
+                if have < need:
+                    raise pytest.UsageError(
+                        f"{run.matrix.path}: profile {run.matrix.profile} needs {need} CUDA devices, "
+                        f"{have} visible; use --simplefsdp-dry-run to list its cells")
+
+    def _chosen_mutants(self):
+        if not self.settings.mutants:
+            return {}
+        chosen = {}
+        for run in self.runs:
+            try:
+                chosen[run.name] = mutants.parse_names(self.settings.mutants, run.target.MUTANTS)
+            except ValueError as e:
+                raise pytest.UsageError(f"--simplefsdp-mutants: {run.name} (target {run.target.name}): {e}") from None
+        return chosen
+
+    # --- known failures and verdicts -----------------------------------------------------------------
+
+    def entries_for(self, run, cell):
+        return self.known.for_cell(cell.axes, run.env()) if self.known else []
+
+    def skip_entry(self, run, cell):
+        return next((e for e in self.entries_for(run, cell) if e.kind == "skip"), None)
+
+    @staticmethod
+    def skipped_result(cell, entry):
+        return CellResult(cell.id, dict(cell.axes), status=Status.SKIPPED, world=cell.world,
+                          known_failure=entry.id, known_failure_link=entry.link, verdict=entry.reason)
+
+    def apply_verdict(self, result, entries):
+        """Judge a result against its known-failure entries and write the verdict into it."""
+        verdict = judge(result, entries, self.settings.gate)
+        result.signature = signature(result.error_text or result.error_line)
+        result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
+        if verdict.entry:
+            result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
+        return verdict
+
+    # --- running ------------------------------------------------------------------------------------
+
+    def run_and_check(self, run, cell, devices=None) -> CellResult:
+        """Run a cell and, where the matrix asks for it, compare it with its baseline."""
+        reused = self.book.reused(run, cell)
+        if reused is not None:  # it already ran as a baseline
+            return reused
+        seed = self.book.seed_for(run, cell)
+        if isinstance(seed, Unavailable):
+            return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
+                              world=cell.world, error_line=seed.reason, error_text=seed.reason)
+        result = self.runner.run(run, cell, devices, seed=seed)
+        if run.matrix.numerics:
+            self.book.check(run, cell, result)
+        return result
+
+    def run_judged(self, run, cell, packed=None):
+        """The cell's judged result (a matrix item and the fixture alike) and, for a plain cell, its verdict."""
+        result = self.packer.result(packed) if self.packer and packed else self.run_and_check(run, cell)
+        if cell.mutant:
+            mutant = next(m for m in run.target.MUTANTS if m.name == cell.mutant)
+            return mutants.judge(result, mutant), None
+        return result, self.apply_verdict(result, self.entries_for(run, cell))
+
+    def record(self, run, result, kind="cell"):
+        if kind == "cell":
+            self.book.note(run, result)
+        return self.store.record(run, result, kind)
+
+    def run_one(self, path, cell_id, mutant=None):
+        """The fixture API: run one cell (or one mutant of it) and judge it as a matrix item would."""
+        run = next(r for r in self.runs if r.matrix.path.resolve() == Path(path).resolve())
+        cell = run.cell(cell_id)
+        if cell is None:
+            raise pytest.UsageError(f"simplefsdp_cell: {run.matrix.path} has no valid cell {cell_id!r}; its cells: "
+                                    f"{', '.join(c.id for c in run.cells[:20])}{' ...' if len(run.cells) > 20 else ''}")
+        skip = self.skip_entry(run, cell)
+        if skip:
+            pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
+        if mutant:
+            if mutant not in {m.name for m in run.target.MUTANTS}:
+                raise pytest.UsageError(f"simplefsdp_cell: unknown mutant {mutant!r} of target {run.target.name}; "
+                                        f"known: {', '.join(m.name for m in run.target.MUTANTS) or 'none'}")
+            cell = dataclasses.replace(cell, id=f"{cell.id}[mutant-{mutant}]", mutant=mutant)
+        result, _ = self.run_judged(run, cell)
+        self.record(run, result)
+        for rec in self.store.take_pending():
+            self.store.collect(rec)
+        return result
+
+    def close(self):
+        self.launcher.close()
+        kill_procs(session_leftovers())
+        self.store.close()
+
+    # --- pytest hooks: collection -------------------------------------------------------------------
+
+    def pytest_ignore_collect(self, collection_path, config):
+        return True  # matrix mode runs the matrix only
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        for run in self.runs:
+            collector = MatrixCollector.from_parent(session, name=run.name, nodeid=run.name, run=run)
+            items.extend(session.genitems(collector))  # reports the collection like any file's
+
+    def pytest_report_header(self, config):
+        return [f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
+                f"cells={len(run.cells)} n/a={len(run.dropped)} flags={run.target.spelling} "
+                f"launcher={self.launcher.name}" + (" DRY RUN" if self.settings.dry_run else "")
+                for run in self.runs]
+
+    def pytest_collection_finish(self, session):
+        cells = [item for item in session.items if isinstance(item, CellItem)]
+        self.selected = [(item.run, item.cell) for item in cells]  # in collection order
+        if self.settings.jobs == 1 or self.settings.dry_run or not cells:
+            return
+        devices = cuda_device_ids() if any(i.run.matrix.device == Device.CUDA for i in cells) else []
+        budget = self.settings.max_ranks or os.cpu_count() or 1
+        if all(self.runner.launcher_for(i.run).remote for i in cells):
+            # a scheduler hands out nodes and GPUs; only the number of cells at once is ours
+            devices, budget = [], math.inf
+        jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
+        self.packer = Packer(jobs, budget, devices)
+        for item in cells:
+            if not self.skip_entry(item.run, item.cell):
+                self.packer.add(item.nodeid, item.cell.world,
+                                lambda devs, item=item: self.run_and_check(item.run, item.cell, devs))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """pytest-xdist, on the controller: every worker writes under this run's folder."""
+        node.workerinput["simplefsdp_run_dir"] = str(self.run_dir)
+
+    def pytest_runtest_logreport(self, report):
+        """Records arrive with the test reports, from this process or from an xdist worker alike."""
+        if self.worker is None:
+            for rec in getattr(report, "simplefsdp_records", None) or ():
+                self.store.collect(rec)
+
+    # --- pytest hooks: the end ----------------------------------------------------------------------
+
+    def pytest_sessionfinish(self, session):
+        for rec in self.store.take_pending():  # made before an interrupt, never reported: still stored
+            if self.worker is None:
+                self.store.collect(rec)
+        if self.packer:
+            self.packer.close()
+        self.launcher.close()  # the fork servers end with the session
+        leftovers = session_leftovers()  # the clean-up guarantee: nothing of this run may survive it
+        if leftovers:
+            self.leftover_lines = [f"pid {p.pid}: {' '.join(p.cmdline()[:6])}" for p in leftovers if p.is_running()]
+            kill_procs(leftovers)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.update_known_failures and not self.settings.dry_run and self.worker is None:
+            self.update_known_failures()
+
+    def update_known_failures(self):
+        path = self.known.path if self.known else (self.settings.known_failures
+                                                   or self.config.rootpath / "known_failures.yaml")
+        runs = {run.name: run for run in self.runs}
+        cells = [(runs[r["matrix"]], CellResult.from_record(r)) for r in self.store.records
+                 if r["type"] == "cell" and not r.get("mutant")]
+        new = [(run.matrix.profile, r) for run, r in cells if r.status == Status.FAILED and not r.known_failure
+               and r.failure_class]
+        outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
+        for run, r in cells:
+            for e in self.entries_for(run, r):
+                outcomes.setdefault(e.id, []).append(r.failure_class is None)
+        xfails = {e.id for e in (self.known.entries if self.known else []) if e.kind == "xfail"}
+        passing = {eid for eid, passed in outcomes.items() if all(passed) and eid in xfails}
+        self.update_lines = update_file(path, new, passing, datetime.date.today().isoformat())
+        self.update_path = path
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.worker is not None:
+            return
+        if self.settings.dry_run:
+            return self._dry_run_summary(terminalreporter)
+        tr = terminalreporter
+        doc = self.store.document()
+        if self.settings.compare:
+            doc["comparison"] = report.compare_runs(report.load_run(self.settings.compare), doc)
+            tr.section(f"simplefsdp: changes since {self.settings.compare}")
+            for key, change in doc["comparison"].items():
+                tr.write_line(f"{change}: {key}", red=change != "newly fixed", green=change == "newly fixed")
+            if not doc["comparison"]:
+                tr.write_line("no cell changed")
+        if self.leftover_lines:
+            tr.section("simplefsdp: processes outlived the run (killed now)", red=True)
+            for line in self.leftover_lines:
+                tr.write_line(line, red=True)
+        tr.section("simplefsdp composability")
+        for line in self.update_lines:
+            tr.write_line(f"{self.update_path}: {line}")
+        tr.write_line(report.render_text(doc))
+        if self.store.jsonl is not None:
+            tr.write_line(f"results: {self.store.path}")
+        self._write_files(tr, doc)
+        self.config.hook.pytest_simplefsdp_report(config=self.config, doc=doc)
+
+    def _write_files(self, tr, doc):
+        for path, text, what in ((self.settings.status_md, lambda: report.render_md(doc), "status table"),
+                                 (self.settings.json, lambda: json.dumps(doc, indent=1) + "\n", "json report")):
+            if path:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text())
+                tr.write_line(f"{what}: {path}")
+
+    def _dry_run_summary(self, tr):
+        tr.section("simplefsdp dry run: commands")
+        for run, cell in self.selected:
+            spec = self.runner.spec_for(run, cell, port=29500)
+            tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]")
+            tr.write_line(f"  {self.runner.launcher_for(run).reproducer(spec)}")
+            plan = run.target.evidence_plan(cell)
+            if plan:
+                tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")
+        for run in self.runs:
+            tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
+
+    def pytest_unconfigure(self, config):
+        self.store.close()

@@ -1,0 +1,138 @@
+"""The ``fork`` launcher: a server per target environment imports torch and the target once and forks
+fresh ranks for every cell (forkserver.py). Programs that are not ``python -m module`` of this
+interpreter run under ``local`` instead, and the cell says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+
+from ..targets import RankCommand
+from .local import LocalLauncher
+from .procs import MARKER, SESSION, die_with_parent, kill_procs, python_module, python_path, rank_env, rank_vars, \
+    spawn, token_of
+from .supervisor import LaunchOutcome, LaunchSpec
+
+
+class _ServerRank:
+    """A rank forked by the fork server: Popen's poll/wait over the server's reports."""
+
+    def __init__(self, pid):
+        self.pid, self.returncode, self.done = pid, None, threading.Event()
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.done.wait(timeout)
+        return self.returncode
+
+
+class _ForkServer:
+    def __init__(self, command: RankCommand, preload, key):
+        self.marker = f"forkserver:{SESSION}:{key}"
+        env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
+        env["PYTHONPATH"] = python_path(command)
+        self.errors = tempfile.TemporaryFile()  # the server's own stderr: why it did not start
+        self.proc = spawn([sys.executable, "-m", "pytest_simplefsdp.launch.forkserver", *preload], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
+                                     bufsize=1, cwd=command.cwd, preexec_fn=die_with_parent(signal.SIGKILL))
+        self.ranks, self.replies = {}, []
+        self.changed = threading.Condition()
+        first = self.proc.stdout.readline()
+        if not first.startswith('{"ready"'):
+            self.close()  # a server that did not start is not left behind
+            self.errors.seek(0)
+            tail = [line for line in self.errors.read().decode(errors="replace").splitlines() if line.strip()]
+            raise OSError(f"fork server did not start (preloading {' '.join(preload)}): "
+                          f"{tail[-1] if tail else 'it exited without a word'}")
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.changed:
+                if "pids" in msg:
+                    self.replies.append(msg["pids"])
+                else:
+                    rank = self.ranks[msg["rank"]]
+                    rank.returncode = msg["code"]
+                    rank.done.set()
+                self.changed.notify_all()
+
+    def start(self, request):
+        with self.changed:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            if not self.changed.wait_for(lambda: self.replies, timeout=60):
+                raise OSError("fork server did not answer")
+            pids = self.replies.pop()
+            self.ranks = {r: _ServerRank(pid) for r, pid in enumerate(pids)}
+        return self.ranks
+
+    def processes(self):
+        """The cell's processes: everything carrying the server's marker but the server."""
+        return [p for p in psutil.process_iter(["pid"]) if p.pid != self.proc.pid and token_of(p) == self.marker]
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        kill_procs([psutil.Process(self.proc.pid)] + self.processes(), grace=2)
+
+
+class ForkLauncher(LocalLauncher):
+    """A long-lived server per target environment imports torch and the target once, then forks
+    one fresh child per rank per cell (see forkserver.py). Programs that are not ``python -m
+    module`` need a fresh interpreter: they run under the local launcher, and the cell says so.
+
+    Known limit: environment read at import time (e.g. TORCH_TRACE) takes the server's value."""
+
+    name = "fork"
+    PER_CELL_ENV = ("TORCH_TRACE", "SIMPLEFSDP_EVIDENCE_DIR")  # not part of which server a cell uses
+
+    def __init__(self):
+        self.servers = {}
+
+    def launch(self, spec: LaunchSpec) -> LaunchOutcome:
+        if python_module(spec.command.argv) is None or Path(spec.command.argv[0]) != Path(sys.executable):
+            out = LocalLauncher().launch(spec)
+            out.notes.append("fork launcher: not a `python -m module` program of this interpreter; "
+                             "ran under the local launcher")
+            return out
+        return super().launch(spec)
+
+    def _server(self, command: RankCommand):
+        env = {k: v for k, v in command.env.items() if k not in self.PER_CELL_ENV}
+        key = json.dumps([env, command.cwd, command.preload], sort_keys=True)
+        if key not in self.servers:
+            module = python_module(command.argv)[0]
+            self.servers[key] = _ForkServer(RankCommand(command.argv, env, command.cwd),
+                                            [module, *command.preload], len(self.servers))
+        return self.servers[key]
+
+    def _start(self, spec, token, out):
+        server = self._server(spec.command)
+        module, args = python_module(spec.command.argv)
+        base = rank_env(spec, token)
+        envs = [dict(base, **rank_vars(spec.first_rank + r, r, spec.nproc, token)) for r in range(spec.nproc)]
+        logs = [str(spec.log_dir / f"rank{r}.log") for r in range(spec.nproc)]
+        for r, log in enumerate(logs):
+            out.rank_logs[r] = [Path(log)]
+        ranks = server.start({"module": module, "args": args, "envs": envs, "logs": logs, "cwd": spec.command.cwd})
+        return ranks, server.processes, lambda: None
+
+    def close(self):
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()
+

@@ -1,0 +1,157 @@
+"""The one supervisor every launcher uses: it waits for a cell's root processes, tears a cell down at
+its first failure (SIGTERM, a short grace, then SIGKILL), dumps stacks and stops the cell at its
+timeout, stops a log flood, and kills whatever outlived the cell."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from ..targets import RankCommand
+from .procs import TERM_GRACE_S, cell_processes, kill_procs, orphans_since, runner_children
+
+POLL_S = 0.05
+STACK_DUMP_WAIT_S = 1.5
+
+@dataclass
+class LaunchSpec:
+    cell_id: str
+    command: RankCommand
+    nproc: int
+    log_dir: Path
+    timeout: float
+    port: int
+    log_limit_bytes: int = 512 * 2**20
+    first_rank: int = 0  # ranks first_rank .. first_rank+nproc-1 run here (the trace tier runs one)
+    device: str = "cpu"  # the profile's device (a scheduler asks for GPUs for cuda cells)
+
+
+@dataclass
+class LaunchOutcome:
+    exit_codes: dict[int, int] = field(default_factory=dict)  # rank -> exit code (negative: signal)
+    launcher_exit: int | None = None  # a launcher process's own failure (torchrun, srun) no rank explains
+    first_failed_rank: int | None = None
+    timed_out: bool = False
+    stuck_ranks: list = field(default_factory=list)
+    log_flood: int = 0  # the log limit in bytes that the cell's output passed
+    wall: float = 0.0
+    rank_logs: dict = field(default_factory=dict)  # rank -> [paths]
+    launcher_log: Path | None = None
+    survivors: list = field(default_factory=list)  # descriptions of processes killed after a clean end
+    reproducer: str = ""
+    launch_error: str | None = None
+    port: int | None = None
+    notes: list = field(default_factory=list)
+
+
+class Supervisor:
+    """Waits for a set of root processes; handles timeout, failure tear-down and log floods."""
+
+    def __init__(self, spec, token, outcome, finder=None):
+        self.spec, self.token, self.outcome = spec, token, outcome
+        self.find = finder or (lambda: cell_processes(token))  # every process of the cell
+
+    def kill(self, grace=TERM_GRACE_S):
+        return kill_procs(self.find(), grace)
+
+    def logs_size(self, now):
+        if now - self._listed > 1.0:  # the file list is cheap to keep, the sizes are read every poll
+            self._listed, self._logs = now, list(self.spec.log_dir.rglob("*.log"))
+        total = 0
+        for path in self._logs:
+            try:
+                total += path.stat().st_size
+            except OSError:
+                pass
+        return total
+
+    def cap_logs(self):
+        """After a flood: cut every log to the limit and say so at its end."""
+        for path in self.spec.log_dir.rglob("*.log"):
+            if path.stat().st_size > self.spec.log_limit_bytes // 2:
+                os.truncate(path, self.spec.log_limit_bytes // 2)
+                with open(path, "ab") as f:
+                    f.write(b"\n[simplefsdp] log cut here: the cell's output passed the log limit\n")
+
+    def dump_stacks(self):
+        for p in self.find():
+            try:
+                p.send_signal(signal.SIGUSR1)
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(STACK_DUMP_WAIT_S)
+
+    def run(self, procs: dict, on_first_failure=None, alive_ranks=None):
+        """procs: key -> Popen. Returns once all ended (or were killed).
+
+        ``alive_ranks()`` names the ranks still running (default: the keys of live procs)."""
+        start = time.monotonic()
+        before = {p.pid for p in runner_children()} | {p.pid for p in procs.values()}
+        try:
+            self._watch(procs, on_first_failure, alive_ranks, start)
+        except BaseException:  # Ctrl-C / SIGTERM of the runner: leave nothing behind
+            self.kill(grace=1.0)
+            kill_procs(orphans_since(before), grace=0.5)
+            raise
+        self.outcome.wall = time.monotonic() - start
+        self.outcome.survivors = self.kill() + kill_procs(orphans_since(before), grace=0.5)
+
+    def deadline(self, start, now):
+        """When the cell counts as hung (a scheduler's launcher starts the clock later)."""
+        return start + self.spec.timeout
+
+    def on_deadline(self, procs, alive_ranks):
+        """The cell ran past its timeout: dump every rank's stack, note who was still running, stop it."""
+        self.outcome.timed_out = True
+        self.dump_stacks()
+        self.outcome.stuck_ranks = sorted(alive_ranks() if alive_ranks else
+                                          (k for k in procs if k not in self.outcome.exit_codes))
+        self.kill()
+
+    def _watch(self, procs, on_first_failure, alive_ranks, start):
+        self._listed, self._logs = -1e9, []
+        torn_down = None  # when the first failure's tear-down (SIGTERM) went out
+        while True:
+            for key, p in procs.items():
+                code = p.poll()
+                if code is not None and key not in self.outcome.exit_codes:
+                    self.outcome.exit_codes[key] = code
+                    if code != 0 and on_first_failure and self.outcome.first_failed_rank is None:
+                        on_first_failure(key, code, procs)
+                        torn_down = time.monotonic()
+            if len(self.outcome.exit_codes) == len(procs):
+                # ranks that wrote past the limit and exited between two polls: sizes once more, every file
+                self._listed = -1e9
+                if self.logs_size(time.monotonic()) > self.spec.log_limit_bytes:
+                    self.outcome.log_flood = self.spec.log_limit_bytes
+                    self.cap_logs()
+                break
+            now = time.monotonic()
+            if torn_down is not None and now > torn_down + TERM_GRACE_S:
+                # a peer that ignores SIGTERM must not turn the first failure into a hang
+                self.outcome.notes.append(f"ranks still running {TERM_GRACE_S:.0f} s after rank "
+                                          f"{self.outcome.first_failed_rank} failed were killed (SIGKILL)")
+                self.kill(grace=0.0)
+                for key, p in procs.items():
+                    self.outcome.exit_codes.setdefault(key, p.wait())
+                break
+            if now > self.deadline(start, now):
+                self.on_deadline(procs, alive_ranks)
+                for key, p in procs.items():
+                    self.outcome.exit_codes.setdefault(key, p.wait())
+                break
+            if self.logs_size(now) > self.spec.log_limit_bytes:
+                self.outcome.log_flood = self.spec.log_limit_bytes
+                self.kill(grace=0.5)
+                for key, p in procs.items():
+                    self.outcome.exit_codes.setdefault(key, p.wait())
+                self.cap_logs()
+                break
+            time.sleep(POLL_S)
+
+

@@ -1,0 +1,97 @@
+"""The ``torchrun`` launcher, the reference: exactly ``torchrun --nproc-per-node N ... -m torchtitan.train``
+as a user would type it; torchrun writes one log per rank and names the first failure."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from .procs import cell_processes, cell_token, die_with_parent, python_module, quote_env, rank_env, spawn
+from .supervisor import LaunchOutcome, LaunchSpec, Supervisor
+
+
+class TorchrunLauncher:
+    """``torchrun`` with per-rank log files; the reference launcher."""
+
+    name = "torchrun"
+    remote = False
+
+    def torchrun_argv(self, spec: LaunchSpec, nproc=None, addr="127.0.0.1", log_dir=None, nodes=()):
+        """torchrun for the cell; ``nodes``: extra rendezvous options of a multi-node run."""
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc or spec.nproc}",
+                *nodes, f"--master-addr={addr}", f"--master-port={spec.port}", "--max-restarts=0",
+                f"--log-dir={log_dir or spec.log_dir / 'torchrun'}", "--redirects=3"]
+        module = python_module(spec.command.argv)
+        if module:
+            return argv + ["-m", module[0], *module[1]]
+        return argv + ["--no-python", *spec.command.argv]
+
+    def reproducer(self, spec: LaunchSpec):
+        module = python_module(spec.command.argv)
+        exe = Path(sys.executable).parent / "torchrun"  # the environment's own, so it runs from any shell
+        head = f"{exe if exe.exists() else 'torchrun'} --nproc-per-node={spec.nproc} --master-port={spec.port}"
+        body = f"-m {module[0]} {shlex.join(module[1])}" if module else f"--no-python {shlex.join(spec.command.argv)}"
+        cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
+        return f"{cd}{quote_env(spec.command.env)} {head} {body}".strip()
+
+    def close(self):
+        """Nothing outlives a cell of this launcher (its sweep ends every process)."""
+
+    def launch(self, spec: LaunchSpec) -> LaunchOutcome:
+        token = cell_token(spec)
+        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port)
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        out.launcher_log = spec.log_dir / "torchrun.log"
+        with open(out.launcher_log, "wb") as f:
+            try:
+                proc = spawn(self.torchrun_argv(spec), env=rank_env(spec, token),
+                                        cwd=spec.command.cwd, stdout=f, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=die_with_parent(signal.SIGTERM))  # torchrun stops its workers
+            except OSError as e:
+                out.launch_error = f"cannot start torchrun: {e.strerror or e}"
+                return out
+            Supervisor(spec, token, out).run({"torchrun": proc}, alive_ranks=lambda: self._ranks_of(proc, token))
+        code = out.exit_codes.pop("torchrun", None)
+        for r in range(spec.nproc):
+            out.rank_logs[r] = sorted((spec.log_dir / "torchrun").glob(f"*/attempt_*/{r}/std*.log"))
+        read_root_cause(out, code)
+        return out
+
+    @staticmethod
+    def _ranks_of(proc, token):
+        """The RANKs of torchrun's live workers (its direct children carrying the token)."""
+        ranks = set()
+        for p in cell_processes(token):
+            try:
+                if p.ppid() == proc.pid and "RANK" in p.environ():
+                    ranks.add(int(p.environ()["RANK"]))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+                pass
+        return ranks
+
+
+def read_root_cause(out: LaunchOutcome, code):
+    """torchrun's summary names the first failed rank and its exit code or signal."""
+    text = out.launcher_log.read_text(errors="replace") if out.launcher_log else ""
+    if "Root Cause (first observed failure)" in text:
+        block = text.split("Root Cause (first observed failure)", 1)[1]
+        rank = exitcode = None
+        for line in block.splitlines()[:12]:
+            key, _, value = line.strip().partition(":")
+            if key.strip() == "rank" and rank is None:
+                rank = int(value.split()[0])
+            elif key.strip() == "exitcode" and exitcode is None:
+                exitcode = int(value.split()[0])
+        if rank is not None:
+            out.first_failed_rank = rank
+            out.exit_codes[rank] = exitcode
+    if code not in (0, None) and out.first_failed_rank is None and not out.timed_out:
+        out.launcher_exit = code
+
+

@@ -1,0 +1,207 @@
+"""The plugin's options: declared once (CLI ``--simplefsdp-<name>``, ini ``simplefsdp_<name>``), read once
+into one frozen, typed Settings. Each option has a validator (as pytest-timeout's do) that names the
+option and the value it refused, so a bad value is a usage error before anything is collected or run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from .kinds import Tier
+
+GROUP = ("simplefsdp", "SimpleFSDP composability matrix (pytest-simplefsdp)")
+
+
+def positive(name, value):
+    """A positive finite number; None where unset."""
+    if value in (None, ""):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"--simplefsdp-{name}: not a number: {value!r}") from None
+    if not (number > 0 and math.isfinite(number)):
+        raise pytest.UsageError(f"--simplefsdp-{name} must be a positive finite number, got {value}")
+    return number
+
+
+def whole(name, value):
+    """A positive whole number; None where unset."""
+    number = positive(name, value)
+    if number is not None and number != int(number):
+        raise pytest.UsageError(f"--simplefsdp-{name}: not a whole number: {value}")
+    return None if number is None else int(number)
+
+
+def one_of(*choices):
+    def check(name, value):
+        if value not in choices:
+            raise pytest.UsageError(f"--simplefsdp-{name}: unknown value {value!r}; known: {', '.join(choices)}")
+        return value
+    return check
+
+
+def jobs(name, value):
+    value = str(value or "1")
+    if value != "auto" and not (value.isdigit() and int(value) > 0):
+        raise pytest.UsageError(f"--simplefsdp-{name}: expected a positive number or auto, got {value!r}")
+    return value if value == "auto" else int(value)
+
+
+def existing_file(name, value):
+    """A file that must exist when the run starts (not after every cell ran)."""
+    if not value:
+        return None
+    if not Path(value).is_file():
+        raise pytest.UsageError(f"--simplefsdp-{name}: {value}: no such file")
+    return Path(value)
+
+
+def path(name, value):
+    return Path(value) if value else None
+
+
+def text(name, value):
+    return value if value not in (None, "") else None
+
+
+def flag(name, value):
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # CLI --simplefsdp-<name>, ini simplefsdp_<name>
+    kind: str  # the ini type: bool, string or args
+    default: Any
+    help: str
+    parse: Callable[[str, Any], Any] = text
+
+    @property
+    def dest(self):
+        return "simplefsdp_" + self.name.replace("-", "_")
+
+
+def add_options(parser, options):
+    """Register options in the plugin's one group (other modules, e.g. the SLURM launcher, add theirs)."""
+    group = parser.getgroup(*GROUP)
+    for o in options:
+        if o.kind == "bool":
+            group.addoption(f"--simplefsdp-{o.name}", action="store_true", default=None, dest=o.dest, help=o.help)
+        elif o.kind == "args":
+            group.addoption(f"--simplefsdp-{o.name}", action="append", default=None, dest=o.dest, metavar="PATH",
+                            help=o.help)
+        else:
+            group.addoption(f"--simplefsdp-{o.name}", default=None, dest=o.dest, help=f"{o.help} [ini: {o.dest}]")
+        parser.addini(o.dest, help=o.help, type=o.kind, default=o.default)
+
+
+def raw(config, o: Option):
+    value = config.getoption(o.dest)
+    return value if value is not None else config.getini(o.dest)
+
+
+def read(config, options) -> dict:
+    """name (with _ for -) -> validated value, for each option."""
+    return {o.name.replace("-", "_"): o.parse(o.name, raw(config, o)) for o in options}
+
+
+OPTIONS = [
+    Option("matrix", "bool", False, "run the SimpleFSDP composability matrix: one test per valid cell "
+                                    "(ordinary test files are not collected in this mode)", flag),
+    Option("profile", "string", "auto", "profile(s) to run, comma-separated: a file name in matrix/ without .yaml "
+                                        "(cpu, h100x8, titan02-cpu, titan02-h100x8), 'all', or 'auto' (the installed "
+                                        "torchtitan generation's h100x8 profile where 8 CUDA devices are visible, "
+                                        "else its cpu profile)"),
+    Option("matrix-file", "args", [], "matrix YAML file(s) to run instead of --simplefsdp-profile (repeatable)",
+           lambda name, value: [Path(f) for f in value or []]),
+    Option("timeout", "string", None, "per-cell timeout in seconds (default: the matrix file's `timeout`, else 900); "
+                                      "a cell past it is stack-dumped, killed and reported as a hang", positive),
+    Option("tier", "string", "real", "real: every rank runs (the profile's device); trace: each cell is one "
+                                     "simulated rank on this CPU machine (torchtitan's fake backend): config, "
+                                     "parallelisation, tracing and one step are judged, numerics are not",
+           lambda name, value: Tier(one_of("real", "trace")(name, value))),
+    Option("dry-run", "bool", False, "collect the cells and print each one's exact command and environment; "
+                                     "launch nothing", flag),
+    Option("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
+                                   "first error line, failing rank, wall time, log dir) to this JSON file", path),
+    Option("launcher", "string", "torchrun", "how ranks are started: torchrun (reference), local (the runner "
+                                             "starts each rank with torchrun's environment), fork (a server "
+                                             "imports torch and the target once and forks the ranks of every "
+                                             "cell), slurm (every cell is one srun job step; see "
+                                             "--simplefsdp-slurm-*), or one a plugin adds"),
+    Option("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
+                                        "under the rootdir)", path),
+    Option("jobs", "string", "1", "cells run at once: N or auto (as many as the ranks budget or the visible GPUs "
+                                  "allow); GPU cells get disjoint CUDA_VISIBLE_DEVICES, CPU cells share a budget of "
+                                  "--simplefsdp-max-ranks ranks (default: the cores)", jobs),
+    Option("log-limit", "string", "512", "MB of logs a cell may write (all ranks together); past it the cell is "
+                                         "stopped and its logs cut", positive),
+    Option("max-ranks", "string", None, "most ranks one CPU cell may start on this machine (default: one per GB "
+                                        "of available memory); a larger cell fails without launching", whole),
+    Option("status-md", "string", None, "write the status table (GitHub markdown, one grid per profile and model, "
+                                        "footnotes with known-failure links) to this file", path),
+    Option("compare", "string", None, "a stored run (--simplefsdp-json) to compare with: newly broken, newly fixed "
+                                      "and changed-signature cells are listed and marked in the status table",
+           existing_file),
+    Option("baseline", "string", None, "take numerics baselines from this stored run (--simplefsdp-json output) "
+                                       "instead of running them", existing_file),
+    Option("known-failures", "string", None, "known-failures YAML (default: known_failures.yaml in the rootdir, "
+                                             "else the one shipped with the plugin)", existing_file),
+    Option("gate", "bool", False, "merge-gate mode: a known failure that passes (XPASS) fails the run and names "
+                                  "the entry to delete", flag),
+    Option("mutants", "string", None, "the mutation tier instead of the cells: re-inject named bugs (all, or "
+                                      "comma-separated names) into every selected cell each applies to; an item "
+                                      "passes when the gate kills its mutant and fails when the mutant survives"),
+    Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
+                                                   "for new failures (link: TODO), remove entries whose cells all "
+                                                   "passed; other entries, their order and comments are kept", flag),
+]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every --simplefsdp-* option of the run, validated; built once from the pytest config."""
+
+    matrix: bool
+    profile: str
+    matrix_file: list
+    timeout: float | None
+    tier: Tier
+    dry_run: bool
+    json: Path | None
+    launcher: str
+    artifacts: Path | None
+    jobs: int | str
+    log_limit: float | None
+    max_ranks: int | None
+    status_md: Path | None
+    compare: Path | None
+    baseline: Path | None
+    known_failures: Path | None
+    gate: bool
+    mutants: str | None
+    update_known_failures: bool
+
+    @classmethod
+    def from_config(cls, config) -> "Settings":
+        return cls(**read(config, OPTIONS))
+
+    @property
+    def log_limit_bytes(self) -> int:
+        return int((self.log_limit or 512) * 2**20)
+
+
+def settings(config) -> Settings:
+    """The run's Settings, read and validated once per pytest config."""
+    if _SETTINGS not in config.stash:
+        config.stash[_SETTINGS] = Settings.from_config(config)
+    return config.stash[_SETTINGS]
+
+
+_SETTINGS = pytest.StashKey[Settings]()

@@ -1,0 +1,128 @@
+"""Steps 3-4 for one cell: its launch spec, its launch (once more on another port when the first lost
+its port to another process), its result, and the checks a green must pass before it counts: the
+evidence that its label took effect. Numerics against a baseline are the next step (baselines.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from .cells import Cell, value_id
+from .evidence import probe_folder
+from .kinds import FailureClass, Status, Tier
+from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port
+from .numerics import untrained_step
+from .results import CellResult, build_result
+
+DEFAULT_TIMEOUT = 900.0
+
+
+def render_trace(trace_dir: Path, out: Path):
+    """tlparse's multi-rank HTML of a TORCH_TRACE folder, where tlparse is installed."""
+    exe = shutil.which("tlparse") or shutil.which("tlparse", path=str(Path(sys.executable).parent))
+    if not exe or not any(trace_dir.iterdir()):
+        return None
+    try:
+        subprocess.run([exe, str(trace_dir), "--all-ranks-html", "-o", str(out), "--overwrite", "--no-browser"],
+                       capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    index = out / "index.html"
+    return str(index) if index.exists() else None
+
+
+class CellRunner:
+    def __init__(self, settings, launcher, run_dir: Path, max_ranks: int):
+        self.settings, self.launcher, self.run_dir, self.max_ranks = settings, launcher, run_dir, max_ranks
+        self.lock = threading.Lock()  # a target's assets are made once, whichever cell comes first
+
+    def cell_timeout(self, run):
+        return self.settings.timeout or run.matrix.timeout or DEFAULT_TIMEOUT
+
+    def launcher_for(self, run):
+        """The trace tier runs one plain process (torchrun would reset RANK); otherwise the chosen one."""
+        return LAUNCHERS["local"]() if run.matrix.tier == Tier.TRACE else self.launcher
+
+    def cell_dir(self, run, name):
+        tier = "" if run.matrix.tier == Tier.REAL else f"-{run.matrix.tier}"
+        return self.run_dir / value_id(run.matrix.profile + tier) / name
+
+    def spec_for(self, run, cell, port=None, seed=None) -> LaunchSpec:
+        cell_dir = self.cell_dir(run, cell.id)
+        port = port or free_port()
+        command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
+                                     seed_folder=seed)
+        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir))  # where ranks record what ran
+        if cell.mutant:
+            command.env["SIMPLEFSDP_MUTANT"] = cell.mutant
+        # the trace tier: one process plays rank `trace.rank` of the cell's world
+        nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == Tier.TRACE else (cell.world, 0)
+        return LaunchSpec(cell.id, command, nproc, cell_dir, self.cell_timeout(run), port,
+                          self.settings.log_limit_bytes, first_rank=first,
+                          device=run.matrix.device if run.matrix.tier == Tier.REAL else "cpu")
+
+    def prepare(self, run):
+        with self.lock:
+            if not run.prepared:
+                run.target.prepare()
+                run.prepared = True
+
+    def run(self, run, cell, devices=None, seed=None) -> CellResult:
+        """Launch the cell and read its result; a green also shows its evidence (else it fails)."""
+        self.prepare(run)
+        spec = self.spec_for(run, cell, seed=seed)
+        if devices is not None:
+            spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        launcher = self.launcher_for(run)
+        result = self._launch(run, cell, spec, launcher)
+        if result.failure_class == FailureClass.INFRA and "is already in use" in (result.error_line or ""):
+            # another process took the free port between our check and the bind: once more, elsewhere
+            taken = result.error_line
+            shutil.rmtree(spec.log_dir)
+            spec.port = free_port()
+            result = self._launch(run, cell, spec, launcher)
+            result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
+        line = untrained_step(result) if result.status == Status.PASSED else None
+        if line:
+            result.fail(FailureClass.NUMERICS, line)
+        if result.status == Status.PASSED:
+            self._check_evidence(run, cell, spec, result)
+        if run.matrix.numerics and result.status == Status.PASSED:
+            result.losses = run.target.losses(spec.log_dir / "dump") or result.losses
+        trace = Path(spec.command.env.get("TORCH_TRACE", spec.log_dir / "torch_trace"))
+        if result.failure_class and trace.is_dir():
+            result.trace_html = render_trace(trace, spec.log_dir / "tlparse")
+        return result
+
+    def _launch(self, run, cell, spec, launcher) -> CellResult:
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")  # reruns the cell alone
+        if run.matrix.device == "cpu" and spec.nproc > self.max_ranks and not launcher.remote:
+            outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launch_error=(
+                f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
+                f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
+        else:
+            outcome = launcher.launch(spec)
+        return build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
+
+    @staticmethod
+    def _check_evidence(run, cell, spec, result):
+        """A green must show that its label took effect."""
+        evidence = run.target.evidence(cell, spec.log_dir)
+        result.evidence = [e.record() for e in evidence]
+        contradicted = [e for e in evidence if not e.ok]
+        if contradicted:
+            line = f"the run does not show its label: {contradicted[0].line()}"
+            result.fail(FailureClass.INVALID_CONFIG, line)
+
+    def run_seed(self, run, model, command, folder) -> CellResult | None:
+        """One rank that writes the model's seed checkpoint; None when it did, else its failed result."""
+        spec = LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), free_port(),
+                          self.settings.log_limit_bytes)
+        outcome = self.launcher.launch(spec)
+        if (folder / "checkpoint" / "step-0").is_dir():
+            return None
+        return build_result(Cell(spec.cell_id, {}, 1), outcome, folder)
