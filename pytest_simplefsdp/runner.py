@@ -120,6 +120,7 @@ class CellRunner:
 
     def run_seed(self, run, model, command, folder) -> CellResult | None:
         """One rank that writes the model's seed checkpoint; None when it did, else its failed result."""
+        self.prepare(run)  # the seed reads the target's assets too
         spec = LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), free_port(),
                           self.settings.log_limit_bytes)
         outcome = self.launcher.launch(spec)
