@@ -61,12 +61,30 @@ def interruptible():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+BASETEMP = []  # this test session's tmp root: the runs its tests start live under it
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _basetemp(tmp_path_factory):
+    BASETEMP.append(str(tmp_path_factory.getbasetemp()))
+
+
+def ours(p):
+    """Whether a process belongs to a run this test session started (its cell's evidence folder or its working
+    directory lies under the session's tmp root), not to another job on the machine with the same cell ids."""
+    if not BASETEMP:
+        return True
+    env = p.environ()
+    return any(str(x).startswith(BASETEMP[0]) for x in (env.get("SIMPLEFSDP_EVIDENCE_DIR", ""), p.cwd()))
+
+
 def marked(prefix):
-    """Live processes whose cell marker starts with ``prefix`` (a cell id, or "forkserver:")."""
+    """Live processes of this session's runs whose cell marker starts with ``prefix`` (a cell id, or
+    "forkserver:")."""
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.environ().get(MARKER, "").startswith(prefix):
+            if p.environ().get(MARKER, "").startswith(prefix) and ours(p):
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
