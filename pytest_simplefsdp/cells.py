@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from .matrix import RULE_FUNCTIONS, Matrix, MatrixError
+from .upstream import upstream_axes
 
 
 @dataclass
@@ -50,6 +51,8 @@ def cell_id(matrix: Matrix, axes: dict) -> str:
 
 
 def world_size(matrix: Matrix, axes: dict) -> int:
+    if matrix.upstream:
+        return matrix.upstream[axes["upstream"]].ngpu
     if not matrix.degrees:
         return matrix.world_sizes[0]
     return math.prod(axes[d] for d in matrix.degrees)
@@ -94,6 +97,8 @@ def expand(matrix: Matrix):
     candidates = []  # (axes, where)
     for combo in itertools.product(*(matrix.axes[n] for n in names)):
         axes = dict(zip(names, combo))
+        if matrix.upstream:  # an upstream test: rules, known failures and evidence see what it configures
+            axes = upstream_axes(matrix.upstream[axes["upstream"]])
         if any(e.matches(axes) for e in matrix.exclude):
             continue
         candidates.append((axes, matrix.where("axes")))
@@ -107,12 +112,14 @@ def expand(matrix: Matrix):
             index[key] = len(candidates)
             candidates.append((axes, entry.where))
 
+    # a tier's own rules may drop an included cell (the trace tier cannot run everything the profile asks for)
+    tier_rules = {r.name for r in matrix.trace["rules"]} if matrix.tier != "real" and matrix.trace else set()
     cells, dropped, by_id = [], [], {}
     for axes, where in candidates:
         cid = cell_id(matrix, axes)
         drop = _drop_reason(matrix, axes)
         if drop:
-            if where != matrix.where("axes"):
+            if where != matrix.where("axes") and drop[0] not in tier_rules:
                 raise MatrixError(f"{where}: include entry {cid} cannot run: rule {drop[0]!r}: {drop[1]}")
             dropped.append(Dropped(cid, axes, world_size(matrix, axes), *drop))
             continue

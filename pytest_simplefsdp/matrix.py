@@ -34,6 +34,12 @@ TOP_KEYS = {
     "ids": "axis -> {prefix, omit}: how a value is written in a cell id",
     "timeout": "default per-cell timeout in seconds for this profile",
     "groups": "name -> partial cells: a keyword every matching cell gets (pytest -k NAME)",
+    "source": "upstream: one cell per SimpleFSDP integration test of the installed torchtitan, with its flags, "
+              "rank count and name (no `axes`; rules see the axes each test configures, plus runs, disabled, kind)",
+    "features": "name -> torchtitan flags (\"--compile.passes auto_bucketing\") that a cell whose `feature` axis "
+                "takes that name adds: what upstream tests set beyond the axes (passes, async TP, EP overlap, ...); "
+                "or {flags: [...], then: [[...], ...]}: each `then` entry is one more run of the cell in the same "
+                "dump folder (resuming its checkpoint), with those flags on top",
     "numerics": "compare losses, gradient and parameter norms with a baseline: {global_batch_size, baseline, "
                 "lanes: [{name, match, rtol, atol, max_miss, grad_rtol, grad_atol, grad_steps}]}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
@@ -117,6 +123,9 @@ class Matrix:
     timeout: float | None = None
     description: str = ""
     groups: dict = field(default_factory=dict)  # name -> [Entry]
+    features: dict = field(default_factory=dict)  # name -> [flag words] a cell with axis feature=<name> adds
+    feature_runs: dict = field(default_factory=dict)  # name -> [[flag words] of each run after the first]
+    upstream: dict = field(default_factory=dict)  # source: upstream: test name -> upstream.UpstreamTest
     numerics: Numerics | None = None
     trace: dict | None = None  # the trace tier's overrides (see with_tier)
     tier: Tier = Tier.REAL
@@ -216,15 +225,18 @@ def load_matrix(path) -> Matrix:
         raise MatrixError(f"{path}:1: a matrix file must be a YAML mapping, got {type(doc).__name__}")
     _check_keys(path, doc, TOP_KEYS, "top-level")
     lines = {k: line_of(path, doc, key=k) for k in doc}
-    for key in ("profile", "target", "axes"):
+    source = _source(path, doc, lines)
+    for key in ("profile", "target") + (() if source else ("axes",)):
         if key not in doc:
             raise MatrixError(f"{path}: missing required key `{key}`")
-    axes = _axes(path, doc, lines)
+    axes = {"upstream": list(source)} if source else _axes(path, doc, lines)
     for key in ("settings", "models", "ids", "groups"):  # (a list here once crashed or passed silently)
         _mapping_or_none(path, doc, key, lines.get(key))
     return Matrix(
         path=path,
+        upstream=source,
         groups=_groups(path, doc, axes),
+        **_features(path, doc, axes, lines),
         numerics=_numerics(path, doc, axes),
         trace=_trace(path, doc, lines),
         profile=str(doc["profile"]),
@@ -244,6 +256,26 @@ def load_matrix(path) -> Matrix:
         description=str(doc.get("description", "")),
         lines=lines,
     )
+
+
+def _source(path, doc, lines):
+    """``source: upstream``: the installed torchtitan's own integration tests, one cell each (name -> test)."""
+    if "source" not in doc:
+        return {}
+    if doc["source"] != "upstream":
+        raise MatrixError(f"{lines['source']}: source {doc['source']!r}: the only source is upstream")
+    if "axes" in doc:
+        raise MatrixError(f"{lines['axes']}: a matrix with `source: upstream` takes its cells from upstream; "
+                          f"it has no `axes`")
+    from . import upstream
+
+    gen = {"titan03": "0.3", "titan02": "0.2"}.get(doc.get("target"))
+    if gen is None:
+        raise MatrixError(f"{lines['source']}: source upstream needs target titan03 or titan02, got {doc.get('target')!r}")
+    try:
+        return {t.name: t for t in upstream.load(gen=gen)}
+    except (LookupError, ImportError) as e:
+        raise MatrixError(f"{lines['source']}: source upstream (torchtitan {gen}): {e}") from None
 
 
 def _axes(path, doc, lines):
@@ -317,6 +349,35 @@ def _timeout(doc, lines):
     if timeout is not None and (not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
         raise MatrixError(f"{lines['timeout']}: timeout must be a positive number of seconds, got {timeout!r}")
     return timeout
+
+
+def _features(path, doc, axes, lines):
+    node = doc.get("features") or {}
+    if not isinstance(node, dict):
+        raise MatrixError(f"{lines['features']}: `features` must map names to lists of flags")
+    features, runs = {}, {}
+
+    def flag_list(value, where, what):
+        if not isinstance(value, list) or not all(isinstance(f, str) and f.startswith("--") for f in value):
+            raise MatrixError(f"{where}: {what} must be a list of flags (\"--section.option value\"), "
+                              f"got {plain(value)!r}")
+        return plain(value)
+
+    for name, spec in node.items():
+        where = line_of(path, node, key=name)
+        if isinstance(spec, dict):
+            _check_keys(path, spec, {"flags": "", "then": ""}, f"features.{name}")
+            then = spec.get("then") or []
+            if not isinstance(then, list) or not then:
+                raise MatrixError(f"{where}: features.{name}.then must list the later runs' flags")
+            runs[str(name)] = [flag_list(t, where, f"feature {name!r}: each `then` run") for t in then]
+            spec = spec.get("flags") or []
+        features[str(name)] = flag_list(spec, where, f"feature {name!r}")
+    unknown = [v for v in axes.get("feature", []) if v != "none" and v not in features]
+    if unknown:
+        raise MatrixError(f"{line_of(path, doc['axes'], key='feature')}: axis 'feature' names {unknown}, which "
+                          f"`features` does not define (defined: {', '.join(features) or 'none'})")
+    return {"features": features, "feature_runs": runs}
 
 
 def _groups(path, doc, axes):

@@ -1,4 +1,4 @@
-"""Step 5 (numerics): compare a cell's losses, gradient and parameter norms with its baseline's.
+"""Step 6 (numerics): compare a cell's losses, gradient and parameter norms with its baseline's.
 
 "Composes" means "trains the same": every cell of a model starts from the same seed checkpoint,
 trains on the same global batch, and its per-step losses must follow the baseline cell (same

@@ -158,6 +158,10 @@ OPTIONS = [
     Option("mutants", "string", None, "the mutation tier instead of the cells: re-inject named bugs (all, or "
                                       "comma-separated names) into every selected cell each applies to; an item "
                                       "passes when the gate kills its mutant and fails when the mutant survives"),
+    Option("coverage", "string", None, "write the upstream coverage report to this file (.md, .json or text): "
+                                       "for each SimpleFSDP integration test of the installed torchtitan, the cell "
+                                       "of the shipped profiles that runs it or what is missing, and its known "
+                                       "failures (also: python -m pytest_simplefsdp.upstream)", path),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
                                                    "for new failures (link: TODO), remove entries whose cells all "
                                                    "passed; other entries, their order and comments are kept", flag),
@@ -186,6 +190,7 @@ class Settings:
     known_failures: Path | None
     gate: bool
     mutants: str | None
+    coverage: Path | None
     update_known_failures: bool
 
     @classmethod

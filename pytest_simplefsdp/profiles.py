@@ -63,8 +63,8 @@ def matrix_files(settings) -> list[Path]:
     known = shipped()
     out = []
     for name in [p.strip() for p in str(settings.profile).split(",") if p.strip()]:
-        if name == "all":
-            out.extend(known.values())
+        if name == "all":  # the upstream-sourced ones read their generation's installed tests: by name only
+            out.extend(p for n, p in known.items() if not n.endswith("upstream"))
         elif name == "auto":  # the installed generation's profile for this machine
             prefix = "titan02-" if installed("torchtitan").startswith("0.2.") else ""
             out.append(known[prefix + ("h100x8" if len(cuda_device_ids()) >= 8 else "cpu")])
@@ -99,7 +99,10 @@ class MatrixRun:
                 "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells))}
 
     def labels(self, axes):
-        """(row, column) labels for the table: columns are compile x backend x memory policy."""
+        """(row, column) labels for the table: columns are compile x backend x memory policy (an upstream test
+        is a row of its own)."""
+        if self.matrix.upstream:
+            return axes["upstream"], " ".join(str(axes[a]) for a in ("compile", "backend") if a in axes)
         col_axes = [a for a in self.matrix.axes if a in COLUMN_AXES] or [list(self.matrix.axes)[-1]]
         parts = id_parts(self.matrix, axes)
         row = " ".join(parts[a] for a in self.matrix.axes if a not in col_axes and parts[a]) or "-"

@@ -1,4 +1,4 @@
-"""Step 6: the composability table and the stored run, rendered from results alone.
+"""Step 7: the composability table and the stored run, rendered from results alone.
 
 A run is stored as JSON lines (one ``meta`` line per matrix, then one ``cell`` or ``dropped``
 line each), flushed as cells finish, so a killed run keeps what it finished. The same table can

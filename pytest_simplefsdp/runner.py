@@ -15,7 +15,7 @@ from .evidence import probe_folder
 from .kinds import FailureClass, Status, Tier
 from .launch import LAUNCHERS, LaunchOutcome, LaunchSpec, free_port
 from .numerics import untrained_step
-from .results import CellResult, build_result
+from .results import CellResult, build_result, read_text
 
 DEFAULT_TIMEOUT = 900.0
 
@@ -50,17 +50,19 @@ class CellRunner:
         tier = "" if run.matrix.tier == Tier.REAL else f"-{run.matrix.tier}"
         return self.run_dir / value_id(run.matrix.profile + tier) / name
 
-    def spec_for(self, run, cell, port=None, seed=None) -> LaunchSpec:
+    def spec_for(self, run, cell, port=None, seed=None, later=0) -> LaunchSpec:
+        """The cell's launch; ``later``: its run number after the first (same dump folder, logs in run<N>/)."""
         cell_dir = self.cell_dir(run, cell.id)
+        log_dir = cell_dir / f"run{later + 1}" if later else cell_dir
         port = port or free_port()
         command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
-                                     seed_folder=seed)
-        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir))  # where ranks record what ran
+                                     seed_folder=seed, run=later)
+        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(log_dir))  # where ranks record what ran
         if cell.mutant:
             command.env["SIMPLEFSDP_MUTANT"] = cell.mutant
         # the trace tier: one process plays rank `trace.rank` of the cell's world
         nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == Tier.TRACE else (cell.world, 0)
-        return LaunchSpec(cell.id, command, nproc, cell_dir, self.cell_timeout(run), port,
+        return LaunchSpec(cell.id, command, nproc, log_dir, self.cell_timeout(run), port,
                           self.settings.log_limit_bytes, first_rank=first,
                           device=run.matrix.device if run.matrix.tier == Tier.REAL else "cpu")
 
@@ -90,6 +92,8 @@ class CellRunner:
             result.fail(FailureClass.NUMERICS, line)
         if result.status == Status.PASSED:
             self._check_evidence(run, cell, spec, result)
+        if result.status == Status.PASSED and run.target.runs(cell) > 1:
+            self._later_runs(run, cell, result, devices, seed, launcher)
         if run.matrix.numerics and result.status == Status.PASSED:
             result.losses = run.target.losses(spec.log_dir / "dump") or result.losses
         trace = Path(spec.command.env.get("TORCH_TRACE", spec.log_dir / "torch_trace"))
@@ -107,6 +111,29 @@ class CellRunner:
         else:
             outcome = launcher.launch(spec)
         return build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
+
+    def _later_runs(self, run, cell, result, devices, seed, launcher):
+        """A feature's later runs (e.g. resume a checkpoint on another layout): each must pass and must have
+        loaded the checkpoint the run before it wrote; the cell's losses stay its first run's."""
+        total = run.target.runs(cell)
+        for later in range(1, total):
+            spec = self.spec_for(run, cell, seed=seed, later=later)
+            if devices is not None:
+                spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+            again = self._launch(run, cell, spec, launcher)
+            what = f"run {later + 1} of {total}"
+            if again.status != Status.PASSED:
+                result.fail(again.failure_class, f"{what}: {again.error_line}", again.failing_rank, again.error_text)
+                result.exit_codes, result.details = again.exit_codes, [*result.details, *again.details]
+            elif not run.target.loaded_checkpoint(read_text(again.rank_logs.get(0, []))):
+                result.fail(FailureClass.INVALID_CONFIG, f"{what} did not load the checkpoint of run {later}: its "
+                                                         f"rank 0 log has no '{run.target.LOADED}'")
+            if result.status != Status.PASSED:
+                result.details.append(f"logs of {what}: {spec.log_dir}")
+                return
+            steps = sorted(again.losses)
+            result.details.append(f"{what} loaded the checkpoint and trained steps {steps[0]}-{steps[-1]} "
+                                  f"(logs: {spec.log_dir})")
 
     @staticmethod
     def _check_evidence(run, cell, spec, result):

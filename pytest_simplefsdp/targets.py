@@ -25,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 from .evidence import Expect, check, inductor_codegen
 from .matrix import Matrix, MatrixError
 from .mutants import TITAN03 as TITAN03_MUTANTS
+from .upstream import options, tokens
 from .mutants import Mutant
 from .titan_options import Flag, OptionError, read_options, unchecked
 
@@ -43,12 +44,29 @@ class RankCommand:
     preload: list = field(default_factory=list)  # modules a fork server imports once (beyond argv's)
 
 
+FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
+
+
+def merged(flags):
+    """One flag per option: a later flag (a feature's, a later run's) replaces an earlier one of the same name
+    where the earlier stood."""
+    last = {f.name: f for f in flags}
+    seen, out = set(), []
+    for f in flags:
+        if f.name not in seen:
+            seen.add(f.name)
+            out.append(last[f.name])
+    return out
+
+
 def _check_values(matrix: Matrix, allowed: dict):
     for axis, values in matrix.axes.items():
         if axis not in allowed:
             raise MatrixError(f"{matrix.where('axes')}: target {matrix.target!r} has no axis {axis!r}; "
                               f"its axes: {', '.join(allowed)}")
         choices = allowed[axis]
+        if choices is FILE_DEFINED:
+            continue  # matrix.load_matrix made or checked them
         for v in values:
             ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1 if choices is int else v in choices
             if not ok:
@@ -171,6 +189,36 @@ class TorchtitanTarget:
                               f"axis pp_schedule={axes['pp_schedule']}"))
         return flags
 
+    def runs(self, cell) -> int:
+        """How many trainings the cell is: 1, or more for a feature with `then` runs (save, then resume) and
+        for an upstream test with several runs."""
+        test = self.upstream_test(cell.axes)
+        if test:
+            return len(test.runs)
+        return 1 + len(self.matrix.feature_runs.get(cell.axes.get("feature", "none"), []))
+
+    def upstream_test(self, axes):
+        """The upstream test a cell of a ``source: upstream`` matrix runs, else None."""
+        return self.matrix.upstream.get(axes.get("upstream")) if self.matrix.upstream else None
+
+    def feature_options(self, axes, run=0):
+        """The options the cell's `feature` (matrix key `features`) sets in its run ``run`` (0: the first),
+        as written there; a later run's override the first's."""
+        name = axes.get("feature", "none")
+        words = [*self.matrix.features.get(name, []), *(self.matrix.feature_runs[name][run - 1] if run else [])]
+        return options(tokens(words))
+
+    def feature_flags(self, axes, run=0):
+        name = axes.get("feature", "none")
+        return [Flag(key, value, f"feature {name}" + (f" run {run + 1}" if run else ""))
+                for key, value in self.feature_options(axes, run).items()
+                if key != "config"]  # (the config is the job config the command starts from: job_config)
+
+    LOADED = "Finished loading the checkpoint"  # what torchtitan 0.2 and 0.3 log once a checkpoint is in
+
+    def loaded_checkpoint(self, log_text: str) -> bool:
+        return self.LOADED in log_text
+
     def evidence_plan(self, cell):
         """What the run must show for the cell's label: [evidence.Expect] (none for this target)."""
         return []
@@ -199,7 +247,7 @@ class Titan03(TorchtitanTarget):
     # the torch torchtitan 0.3.0 was released against (2.14) and what its development line moves to
     SUPPORTS = {"torchtitan": ">=0.3.0,<0.5", "torch": ">=2.14,<2.16"}
     AXES = {
-        "model": ("llama3", "deepseek_v3", "qwen3"),
+        "model": ("llama3", "deepseek_v3", "qwen3", "muse_glimmer"),
         "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "cp": int, "pp": int,
         "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV", "GPipe",
                         "InterleavedZeroBubble", "LoopedBFS"),
@@ -209,6 +257,8 @@ class Titan03(TorchtitanTarget):
         # fsdp2: torchtitan's core Trainer (FSDP2, eager) on the model's fsdp2_config, the reference that
         # upstream's graph_trainer/tests/test_numerics.py holds SimpleFSDP to
         "trainer": ("simplefsdp", "fsdp2"),
+        "feature": FILE_DEFINED,  # names of the matrix's `features`: flags upstream tests set beyond the axes
+        "upstream": FILE_DEFINED,  # source: upstream: the name of the upstream test a cell runs
     }
     MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
     MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config")
@@ -226,8 +276,18 @@ class Titan03(TorchtitanTarget):
 
     def job_config(self, axes):
         """(module, config) the trainer starts from for a cell (or for a model's seed: axes {model})."""
+        test = self.upstream_test(axes)
+        if test:  # upstream's own module and config; on the trace tier the CPU twin of a debug config
+            o = options(test.flags)
+            facts = self.matrix.models.get(axes["model"], {})
+            if self.matrix.tier == "trace" and not axes.get("config") and facts.get("config"):
+                return facts["module"], facts["config"]
+            return str(o.get("module")), str(o.get("config"))
         facts = self.matrix.models[axes["model"]]
         config = facts["config"]
+        named = self.feature_options(axes).get("config")
+        if named:  # a feature that runs another config of the model (upstream's HybridEP, MinimalAsyncEP, 8B, ...)
+            return facts["module"], named
         if axes.get("trainer") == "fsdp2":
             if not facts.get("fsdp2_config"):
                 raise MatrixError(f"{self.matrix.where('models')}: model {axes['model']!r} has no fsdp2_config, "
@@ -273,8 +333,28 @@ class Titan03(TorchtitanTarget):
             Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
         ]
 
-    def flags(self, cell, dump_folder: Path, seed_folder: Path | None = None):
+    # what an upstream test's flags may not change here: where the assets and dump are, the CPU-sized shapes
+    OURS = {"module", "config", "hf_assets_path", "dataloader.dataset_path", "dump_folder",
+            "training.local_batch_size", "training.seq_len", "metrics.log_freq"}
+
+    def upstream_flags(self, cell, dump_folder: Path, run=0):
+        """An upstream test's run: our run settings, then upstream's flags of that run on top (its later runs'
+        training.steps, degrees and checkpoint options included)."""
+        test, s = self.upstream_test(cell.axes), self.matrix.settings
+        flags = self.run_flags(s.get("steps", 3), s.get("local_batch_size", 2))
+        flags.append(Flag("dump_folder", dump_folder, "target"))
+        if self.matrix.device == "cpu":
+            flags.append(Flag("training.disable_cuda_graphs", True, "target"))
+        if self.matrix.tier == "trace":
+            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
+        flags += [Flag(key, value, f"upstream {test.name} run {run + 1}") for key, value in options(test.runs[run]).items()
+                  if key not in self.OURS]
+        return merged(flags)
+
+    def flags(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0):
         a, s = cell.axes, self.matrix.settings
+        if self.upstream_test(a):
+            return self.upstream_flags(cell, dump_folder, run)
         flags = [*self.degree_flags(a), *self.compile_flags(a)]
         if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
             flags.append(Flag("training.disable_cuda_graphs", True, "target"))
@@ -284,7 +364,7 @@ class Titan03(TorchtitanTarget):
             local_batch = max(1, gbs // (a.get("dp_replicate", 1) * a.get("dp_shard", 1)))
             flags += [Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
                       Flag("metrics.enable_tensorboard", True, "numerics")]
-            if seed_folder is not None:
+            if seed_folder is not None and self.runs(cell) == 1:  # (a resumed cell loads its own checkpoint)
                 flags += [Flag("checkpoint.enable", True, "numerics"),
                           Flag("checkpoint.initial_load_path", seed_folder / "checkpoint" / "step-0", "numerics"),
                           Flag("checkpoint.load_only", True, "numerics")]
@@ -292,7 +372,7 @@ class Titan03(TorchtitanTarget):
         flags.append(Flag("dump_folder", dump_folder, "target"))
         if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
             flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
-        return flags
+        return merged(flags + self.feature_flags(a, run))  # last: a feature (and its later runs) has the last word
 
     def baseline_axes(self, axes):
         """A cell's numerics baseline: same model and data-parallel degree (so the same data
@@ -357,9 +437,10 @@ class Titan03(TorchtitanTarget):
             found.append(inductor_codegen(Path(log_dir) / "torch_trace"))
         return found
 
-    def command(self, cell, dump_folder: Path, seed_folder: Path | None = None, **_):
+    def command(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0, **_):
         module, config = self.job_config(cell.axes)
-        args = ["--module", module, "--config", config, *self.spell(cell.axes, self.flags(cell, dump_folder, seed_folder))]
+        flags = self.flags(cell, dump_folder, seed_folder, run)
+        args = ["--module", module, "--config", config, *self.spell(cell.axes, flags)]
         args += [str(x) for x in self.matrix.settings.get("extra_args", [])]
         env = _shim_env(self.matrix.device, self.name)
         env["SIMPLEFSDP_PROBE"] = "titan03"  # the shim records what torchtitan really used (evidence_plan)
@@ -392,7 +473,9 @@ class Titan02(TorchtitanTarget):
         "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "GPipe", "ZBVZeroBubble"),
         "compile": ("eager", "compiled"),
         "backend": ("aot_eager", "inductor"),
-        "ac": ("none", "selective", "full"),
+        "ac": ("none", "selective", "op", "full"),  # op: selective AC per op (--activation_checkpoint.selective_ac_option op)
+        "feature": FILE_DEFINED,
+        "upstream": FILE_DEFINED,
     }
     MODEL_KEYS = ("name", "flavor")
     MODEL_OPTIONAL = ("moe",)
@@ -405,16 +488,31 @@ class Titan02(TorchtitanTarget):
     def job_config(self, axes):
         return None, None  # one JobConfig for every cell
 
-    def flags(self, cell, dump_folder: Path, seed_folder=None):
+    OURS = {"job.config_file", "model.hf_assets_path", "training.dataset_path", "job.dump_folder",
+            "training.local_batch_size", "training.seq_len", "metrics.log_freq"}
+
+    def flags(self, cell, dump_folder: Path, seed_folder=None, run=0):
         a, s = cell.axes, self.matrix.settings
+        test = self.upstream_test(a)
+        if test:  # our job config and run settings, upstream's flags of that run on top
+            flags = [Flag("job.config_file", self.JOB_TOML, "target"), *self.run_flags(dump_folder)]
+            return merged(flags + [Flag(k, v, f"upstream {test.name} run {run + 1}")
+                                   for k, v in options(test.runs[run]).items() if k not in self.OURS])
         facts = self.matrix.models[a["model"]]
         flags = [Flag("job.config_file", self.JOB_TOML, "target"), Flag("model.name", facts["name"], f"model {a['model']}"),
                  Flag("model.flavor", facts["flavor"], f"model {a['model']}"), *self.degree_flags(a)]
         if a.get("compile", "eager") == "compiled":
             backend = a.get("backend", s.get("compile_backend", "aot_eager"))
             flags += [Flag("compile.enable", True, "axis compile=compiled"), Flag("compile.backend", backend, f"backend {backend}")]
-        flags.append(Flag("activation_checkpoint.mode", a.get("ac", "none"), f"axis ac={a.get('ac', 'none')}"))
-        flags += [
+        ac = a.get("ac", "none")
+        flags.append(Flag("activation_checkpoint.mode", "selective" if ac == "op" else ac, f"axis ac={ac}"))
+        if ac == "op":
+            flags.append(Flag("activation_checkpoint.selective_ac_option", "op", "axis ac=op"))
+        return merged(flags + self.run_flags(dump_folder) + self.feature_flags(a, run))
+
+    def run_flags(self, dump_folder):
+        s = self.matrix.settings
+        return [
             Flag("training.steps", s.get("steps", 3), "setting steps"),
             Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
             Flag("training.local_batch_size", s.get("local_batch_size", 2), "setting local_batch_size"),
@@ -423,15 +521,17 @@ class Titan02(TorchtitanTarget):
             Flag("model.hf_assets_path", self.tokenizer, "target"), Flag("training.dataset_path", self.dataset, "target"),
             Flag("job.dump_folder", dump_folder, "target"),
         ]
-        return flags
 
-    def command(self, cell, dump_folder: Path, **_):
-        args = [*self.spell(cell.axes, self.flags(cell, dump_folder)), *map(str, self.matrix.settings.get("extra_args", []))]
+    def command(self, cell, dump_folder: Path, run=0, **_):
+        args = [*self.spell(cell.axes, self.flags(cell, dump_folder, run=run)),
+                *map(str, self.matrix.settings.get("extra_args", []))]
         env = _shim_env(self.matrix.device, self.name)
         if cell.axes.get("compile") == "compiled":
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
+        test = self.upstream_test(cell.axes)
+        name = options(test.flags).get("model.name") if test else self.matrix.models[cell.axes["model"]]["name"]
         return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env,
-                           preload=[f"torchtitan.experiments.{self.matrix.models[cell.axes['model']]['name']}"])
+                           preload=[f"torchtitan.experiments.{name}"])
 
 
 class CommandTarget:
@@ -496,10 +596,17 @@ class CommandTarget:
     def losses(self, dump_folder):
         return {}
 
-    def command(self, cell, dump_folder: Path, nproc: int, port: int, **_):
+    # later runs of a feature work as for torchtitan's targets; the program says it loaded its checkpoint as
+    # torchtitan does ("Finished loading the checkpoint")
+    runs, upstream_test = TorchtitanTarget.runs, TorchtitanTarget.upstream_test
+    LOADED, loaded_checkpoint = TorchtitanTarget.LOADED, TorchtitanTarget.loaded_checkpoint
+
+    def command(self, cell, dump_folder: Path, nproc: int, port: int, run=0, **_):
         values = {**self.matrix.settings, **cell.axes, "python": sys.executable, "nproc": nproc,
                   "port": port, "dump_folder": dump_folder, "matrix_dir": self.matrix.path.parent.resolve()}
-        argv = [str(p).format(**values) for p in self.argv]
+        name = cell.axes.get("feature", "none")  # a feature's flags go at the end, each later run's after them
+        extra = [*self.matrix.features.get(name, []), *(self.matrix.feature_runs[name][run - 1] if run else [])]
+        argv = [str(p).format(**values) for p in self.argv] + list(tokens(extra))
         env = {k: str(v).format(**values) for k, v in self.env.items()}
         return RankCommand(argv, env, cwd=str(self.matrix.path.parent.resolve()))
 

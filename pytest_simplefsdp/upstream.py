@@ -213,7 +213,17 @@ DEGREES = {"data_parallel_replicate_degree": "dp_replicate", "data_parallel_shar
            "pipeline_parallel_degree": "pp", "expert_tensor_parallel_degree": "etp"}
 # flags that set up a run but do not change what it tests
 INCIDENTAL = {"training.disable_cuda_graphs", "job.custom_config_module", "training.steps", "dump_folder",
-              "checkpoint.folder", "compile.precompile_artifact_dir", "metrics.log_freq"}
+              "checkpoint.folder", "compile.precompile_artifact_dir", "metrics.log_freq", "training.local_batch_size",
+              "training.seq_len", "hf_assets_path"}
+
+
+def variant(config: str, model: str) -> str:
+    """What a job config changes from the model's debug config: "" (none), "hybridep", "8b", ... The attention
+    kernel is not compared: our CPU and trace-tier configs are the SDPA twins of upstream's FlexAttention ones
+    (FlexAttention has no CPU backward)."""
+    v = str(config).removeprefix("graph_trainer_").removeprefix(model).strip("_").replace("debugmodel", "")
+    words = [w for w in v.split("_") if w and w not in ("sdpa", "cpu")]
+    return "_".join(words)
 
 
 def options(flags) -> dict:
@@ -256,14 +266,22 @@ def configuration(test: UpstreamTest) -> Configuration:
         elif key == "compile.mode":
             axes["compile"] = str(value)
         elif key == "compile.enable":  # 0.2: one switch, the model compiled whole
-            axes["compile"] = "compile"
+            axes["compile"] = "compiled"
+        elif key == "activation_checkpoint.mode":  # 0.2's AC; selective per op is its own value
+            op = o.get("activation_checkpoint.selective_ac_option") == "op"
+            axes["ac"] = "op" if value == "selective" and op else str(value)
+        elif key == "activation_checkpoint.selective_ac_option":
+            continue
         elif key == "compile.backend":
             axes["backend"] = str(value)
         elif key == "compile.inductor_compilation":
             axes["backend"] = "inductor" if value == "full" else "aot_eager"
         elif key == "compile.memory_policy":
             axes["memory_policy"] = str(value)
-        elif key in ("module", "model.name", "config") or key in INCIDENTAL:
+        elif key == "config":
+            if variant(value, axes["model"]):
+                features["config"] = variant(value, axes["model"])
+        elif key in ("module", "model.name") or key in INCIDENTAL:
             continue
         else:
             features[key] = value
@@ -275,4 +293,272 @@ def configuration(test: UpstreamTest) -> Configuration:
         others *= axes.get(d, 1)
     if axes.get("dp_shard", -1) == -1:  # torchtitan's -1: every rank the other degrees leave
         axes["dp_shard"] = max(1, test.ngpu // others)
+    if test.kind == "precompile":
+        features["precompile step"] = True  # rank-agnostic artifact first, then training that loads it
+    if len(test.runs) > 1:  # e.g. save a checkpoint, then resume it on another layout
+        features.update(later_runs(test.runs[1:], o))
     return Configuration(axes, test.ngpu, features)
+
+
+def later_runs(runs, first: dict) -> dict:
+    """``runs`` and, per later run, what it sets that the first does not (``run2.parallelism...``)."""
+    out = {"runs": 1 + len(runs)}
+    for n, flags in enumerate(runs, 2):
+        for key, value in options(flags).items():
+            if key not in INCIDENTAL and first.get(key) != value:
+                out[f"run{n}.{key}"] = value
+    return out
+
+
+# --- coverage: which cell of our profiles runs each upstream test's configuration ------------------------------
+
+# what upstream's configs do where a test sets nothing (graph_trainer's CompileConfig and torchtitan's defaults)
+DEFAULTS = {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "ep": 1, "cp": 1, "pp": 1, "etp": 1, "pp_schedule": "none",
+            "backend": "aot_eager", "trainer": "simplefsdp"}
+
+
+def normal(axes: dict) -> dict:
+    """Axes with every default written out, so an upstream test and a cell compare axis by axis (the
+    `feature` axis is compared by the flags it sets, not by its name)."""
+    out = {**DEFAULTS, **{k: v for k, v in axes.items() if k != "feature"}}
+    out.setdefault("memory_policy", "none" if out.get("compile", "eager") == "eager" else "default")
+    return out
+
+
+@dataclass
+class Candidate:
+    """One cell of our profiles, as coverage sees it."""
+
+    where: str  # profile[tier]::cell id
+    axes: dict
+    world: int
+    features: dict
+    ruled_out: str = ""  # a cell the profile drops: "rule <name>: <reason>"
+    raw: dict = field(default_factory=dict)  # its axes as the matrix has them, and what known failures see besides
+    env: dict = field(default_factory=dict)
+
+
+def candidates(matrices) -> list[Candidate]:
+    """Every valid cell of these matrices (already in their tier), with the features its flags add."""
+    from .cells import expand
+
+    from .targets import make_target
+
+    out = []
+    for m in matrices:
+        tier = "" if m.tier == "real" else f"[{m.tier}]"
+        target = make_target(m, Path("."))
+        cells, dropped = expand(m)
+        for cell in [*cells, *dropped]:
+            flags = [*m.features.get(cell.axes.get("feature", "none"), []), *m.settings.get("extra_args", [])]
+            first = options(tokens(flags))
+            features = {k: v for k, v in first.items() if k not in INCIDENTAL and k != "config"}
+            then = m.feature_runs.get(cell.axes.get("feature", "none"), [])
+            if then:
+                features.update(later_runs([tokens(t) for t in then], first))
+            config = variant(target.job_config(cell.axes)[1], cell.axes.get("model", "")) if cell in cells else ""
+            if config:
+                features["config"] = config
+            ruled = f"rule {cell.rule}: {cell.reason}" if cell not in cells else ""
+            env = {"profile": m.profile, "target": target.name, "device": m.device, "tier": m.tier}
+            out.append(Candidate(f"{m.profile}{tier}::{cell.id}", normal(cell.axes), cell.world, features, ruled,
+                                 dict(cell.axes), env))
+    return out
+
+
+@dataclass
+class Coverage:
+    test: UpstreamTest
+    status: str  # covered, partly, none
+    cells: list  # where of the cells that cover it (all of them when covered or partly)
+    reason: str = ""  # what is missing
+
+
+# where a test sets nothing, its config file decides, which the wheel does not ship (0.2's debug_model.toml): any
+# value of ours matches
+CONFIG_DECIDES = {"ac"}
+
+
+def differences(want: dict, have: dict) -> list[str]:
+    keys = sorted((set(want) | set(have)) - (CONFIG_DECIDES - set(want)))
+    return [f"{k}={want.get(k, 'unset')} (ours: {have.get(k, 'no such axis')})" for k in keys
+            if want.get(k, DEFAULTS.get(k)) != have.get(k, DEFAULTS.get(k))]
+
+
+def cover(test: UpstreamTest, pool: list[Candidate]) -> Coverage:
+    conf = configuration(test)
+    want = normal(conf.axes)
+    same_world = [c for c in pool if c.world == conf.world and not c.ruled_out]
+    layout = [c for c in same_world if not differences(want, c.axes)]
+
+    def missing(c):
+        return sorted(k for k, v in conf.features.items() if c.features.get(k) != v)
+
+    full = [c for c in layout if not missing(c)]
+    if full:
+        return Coverage(test, "covered", [c.where for c in full])
+    if layout:
+        best = min(layout, key=lambda c: len(missing(c)))
+        return Coverage(test, "partly", [c.where for c in layout],
+                        f"same layout; not set by any: {', '.join(missing(best))}")
+    ruled = next((c for c in pool if c.ruled_out and c.world == conf.world and not differences(want, c.axes)), None)
+    if ruled:
+        return Coverage(test, "none", [], f"{ruled.where.split('::')[0]} rules this layout out: {ruled.ruled_out}")
+    if not same_world:
+        return Coverage(test, "none", [], f"no profile has a {conf.world}-rank world")
+    nearest = min(same_world, key=lambda c: len(differences(want, c.axes)))
+    return Coverage(test, "none", [], f"nearest {nearest.where} differs in " + "; ".join(differences(want, nearest.axes)))
+
+
+def coverage(tests, pool) -> dict:
+    """Upstream test by test, then the other direction: our cells whose layout no upstream test runs."""
+    rows = [cover(t, pool) for t in tests]
+    upstream_layouts = [(configuration(t).world, normal(configuration(t).axes)) for t in tests]
+    ours = [c for c in pool if not c.ruled_out]
+    ours_only = [c.where for c in ours if not any(w == c.world and not differences(a, c.axes) for w, a in upstream_layouts)]
+    totals = {s: sum(r.status == s for r in rows) for s in ("covered", "partly", "none")}
+    return {"tests": rows, "ours_only": ours_only, "totals": totals, "cells": len(ours)}
+
+
+def cross_links(cov, pool, known) -> list[dict]:
+    """Each upstream-disabled test with the known-failure entries of ours that apply to a cell running it (or
+    to its own cell in the ``source: upstream`` profile), and the issues upstream's note names."""
+    from .verdict import could_apply
+
+    by_where = {c.where: c for c in pool}
+    out = []
+    for row in cov["tests"]:
+        t = row.test
+        if not t.disabled:
+            continue
+        cells = [by_where[w] for w in row.cells if w in by_where]
+        targets = [(c.raw, c.env) for c in cells] + [(upstream_axes(t), {"profile": "upstream", "tier": "real"})]
+        entries = [e for e in (known.entries if known else []) if any(could_apply(e, a, env) for a, env in targets)]
+        why = "" if entries else (
+            "no cell of ours runs it: " + row.reason if row.status == "none" else
+            "no entry yet: no run of ours has shown its error (its cells are GPU-only, or pass where they ran); "
+            "--candidates drafts one from upstream's reason")
+        out.append({"name": t.name, "entries": [{"id": e.id, "link": e.link} for e in entries], "why_none": why,
+                    "upstream_note": t.note, "upstream_links": list(t.links)})
+    return out
+
+
+def candidates_yaml(links) -> str:
+    """Known-failure entries for the upstream-disabled tests no entry covers, for a person to confirm: the
+    upstream profile's cell, upstream's reason and link carried over, the error left to fill in."""
+    out = []
+    for x in links:
+        if x["entries"]:
+            continue
+        link = x["upstream_links"][0] if x["upstream_links"] else "TODO"
+        reason = (x["upstream_note"] or "upstream disables it without a comment").replace("'", "''")
+        out.append(f"- id: upstream-{x['name'].replace('+', '-')}\n  when: {{profile: upstream, upstream: "
+                   f"'{x['name']}'}}\n  error: 'TODO: the error line, once a run shows it'\n  kind: xfail\n"
+                   f"  link: {link}\n  reason: 'upstream disables it: {reason}'\n")
+    return "".join(out)
+
+
+def render(cov, fmt="text") -> str:
+    rows = cov["tests"]
+    t = cov["totals"]
+    head = (f"upstream coverage: {len(rows)} upstream tests: {t['covered']} covered, {t['partly']} partly, "
+            f"{t['none']} not covered; {len(cov['ours_only'])} of our {cov['cells']} cells run a layout no upstream "
+            f"test runs")
+    links = cov.get("disabled", [])
+    if fmt == "json":
+        import json
+
+        return json.dumps({"totals": t, "cells": cov["cells"], "ours_only": cov["ours_only"], "disabled": links,
+                           "tests": [{"name": r.test.name, "kind": r.test.kind, "ngpu": r.test.ngpu,
+                                      "disabled": r.test.disabled, "status": r.status, "cells": r.cells,
+                                      "reason": r.reason, "where": r.test.where, "note": r.test.note,
+                                      "links": list(r.test.links)} for r in rows]}, indent=1) + "\n"
+    from tabulate import tabulate
+
+    table = [(r.test.name + (" (disabled)" if r.test.disabled else ""), r.test.ngpu, r.status,
+              r.cells[0] + (f" +{len(r.cells) - 1}" if len(r.cells) > 1 else "") if r.cells else "-",
+              r.reason) for r in rows]
+    style = "github" if fmt == "md" else "simple"
+    body = tabulate(table, headers=("upstream test", "GPUs", "coverage", "our cell", "missing"), tablefmt=style,
+                    maxcolwidths=[None, None, None, 60, 70] if fmt == "text" else None)
+    known = tabulate([(x["name"], ", ".join(f"{e['id']} ({e['link']})" for e in x["entries"]) or x["why_none"],
+                       " ".join(x["upstream_links"]) or "-") for x in links],
+                     headers=("upstream-disabled test", "our known failure", "upstream's links"), tablefmt=style,
+                     maxcolwidths=[None, 80, 50] if fmt == "text" else None)
+    mark = "# " if fmt == "md" else ""
+    return f"{mark}{head}\n\n{body}\n\n{mark}upstream-disabled tests and our known failures\n\n{known}\n"
+
+
+def shipped_matrices(gen: str):
+    """The shipped profiles of a generation, each in the real tier and (where it has one) the trace tier."""
+    from .matrix import load_matrix, with_tier
+    from .profiles import shipped
+
+    out = []
+    for name, path in shipped().items():
+        if name.startswith("titan02-") != (gen == "0.2") or name.endswith("upstream"):
+            continue  # (the upstream-sourced profile runs upstream's tests: it covers nothing of ours)
+        m = load_matrix(path)
+        out.append(m)
+        if m.trace:
+            out.append(with_tier(m, "trace"))
+    return out
+
+
+def report(known_path=None):
+    """The coverage of the installed generation's upstream suite by the shipped profiles, cross-linked with the
+    known failures: the document render() and candidates_yaml() take."""
+    from importlib import metadata
+
+    from .targets import ROOT
+    from .verdict import load_known_failures
+
+    gen = generation(metadata.version("torchtitan"))
+    tests = load(gen=gen)
+    matrices = shipped_matrices(gen)
+    axis_names = {a for m in shipped_matrices("0.2") + shipped_matrices("0.3") for a in m.axes} | UPSTREAM_AXES
+    known = load_known_failures(known_path or ROOT / "known_failures.yaml", axis_names)
+    pool = candidates(matrices)
+    cov = coverage(tests, pool)
+    cov["disabled"] = cross_links(cov, pool, known)
+    return cov
+
+
+def main(argv=None):
+    import argparse
+    from importlib import metadata
+
+    parser = argparse.ArgumentParser(prog="python -m pytest_simplefsdp.upstream",
+                                     description="Which cell of our profiles runs each of the installed torchtitan's "
+                                                 "SimpleFSDP integration tests (and which of ours upstream lacks).")
+    parser.add_argument("--format", choices=("text", "md", "json"), default="text")
+    parser.add_argument("--known-failures", default=None, help="the known-failures file to cross-link (default: the "
+                                                               "one shipped with the plugin)")
+    parser.add_argument("--candidates", action="store_true", help="print known-failure entries for the "
+                                                                  "upstream-disabled tests no entry covers, to confirm")
+    args = parser.parse_args(argv)
+    from .matrix import MatrixError
+
+    try:
+        cov = report(args.known_failures)
+    except (LookupError, metadata.PackageNotFoundError, MatrixError) as e:
+        parser.error(str(e))
+    sys.stdout.write(candidates_yaml(cov["disabled"]) if args.candidates else render(cov, args.format))
+    return 0
+
+
+
+# what a `source: upstream` cell has besides the matrix's axes (known-failure conditions may name them anywhere)
+UPSTREAM_AXES = {"upstream", "config", "runs", "disabled", "kind"}
+
+
+def upstream_axes(test: UpstreamTest) -> dict:
+    """A ``source: upstream`` cell's axes: its name, what it configures in the matrix's axes (defaults written
+    out), and how it runs (runs, disabled, kind), for rules and known-failure conditions to name."""
+    conf = configuration(test)
+    return {"upstream": test.name, **normal(conf.axes), "config": conf.features.get("config", ""),
+            "runs": len(test.runs), "disabled": test.disabled, "kind": test.kind}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

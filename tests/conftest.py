@@ -119,11 +119,14 @@ def slurm(slurm_conf, monkeypatch):
 
 
 def slurm_jobs(wait=20.0):
-    """(job id, name, state) of the plugin's jobs in SLURM's queue, once ending ones had `wait` s to go."""
+    """(job id, name, state) of the plugin's jobs in SLURM's queue that runs of this test session submitted
+    (their working directory lies under its tmp root; another session on the cluster has its own), once
+    ending ones had `wait` s to go."""
     deadline = time.monotonic() + wait
     while True:
-        out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T"], capture_output=True, text=True).stdout
-        jobs = [tuple(line.split("|")) for line in out.splitlines() if "|simplefsdp:" in line]
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T|%Z"], capture_output=True, text=True).stdout
+        jobs = [tuple(line.split("|")[:3]) for line in out.splitlines() if "|simplefsdp:" in line
+                and (not BASETEMP or line.rpartition("|")[2].startswith(BASETEMP[0]))]
         if not jobs or time.monotonic() > deadline:
             return jobs
         time.sleep(0.5)

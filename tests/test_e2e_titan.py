@@ -238,3 +238,51 @@ def test_the_mutation_tier_kills_the_expert_gradient_scale_bug(pytester):
     assert (placement["mutation"], placement["killed_by"]) == ("killed", "init_checksum")
     log = "".join(Path(p).read_text() for p in divide["rank_logs"]["0"])
     assert "[simplefsdp-shim] mutant: expert_grad_divide" in log
+
+
+RESUME = """\
+profile: resume
+target: titan03
+device: cpu
+world_sizes: [2]
+degrees: [dp_shard, tp]
+timeout: 600
+settings: {steps: 2, seq_len: 128, local_batch_size: 2, seed: 42}
+models:
+  llama3: {moe: false, module: titan03_configs, config: llama3_debugmodel_cpu}
+features:
+  resume:      # save at the end, then a second training loads it (on another layout) and trains to step 4
+    flags: ["--checkpoint.enable"]
+    then: [["--training.steps 4", "--parallelism.tensor_parallel_degree 2", "--parallelism.data_parallel_shard_degree 1",
+            "--checkpoint.exclude_from_loading lr_scheduler,dataloader,optimizer"]]
+axes:
+  model: [llama3]
+  dp_shard: [2]
+  tp: [1]
+  compile: [eager]
+  memory_policy: [none]
+  feature: [resume]
+ids:
+  dp_shard: {prefix: dp}
+  tp: {prefix: tp, omit: 1}
+  memory_policy: {omit: none}
+"""
+
+
+def test_a_checkpoint_resumes_on_another_layout_in_the_cells_second_run(pytester):
+    """A `then` run of a real cell: dp2 trains and saves, the second run loads that checkpoint on tp2."""
+    matrix = pytester.path / "resume.yaml"
+    matrix.write_text(RESUME)
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=900)
+    result.assert_outcomes(passed=1)
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    second = next(d for d in cell["details"] if d.startswith("run 2 of 2 loaded the checkpoint"))
+    assert second.startswith("run 2 of 2 loaded the checkpoint and trained steps 3-4 ")  # it resumed, not restarted
+    assert second.endswith("/run2)") and sorted(cell["losses"]) == ["1", "2"]
+    log = "".join(p.read_text() for p in (Path(cell["log_dir"]) / "run2").rglob("std*.log"))
+    assert "Finished loading the checkpoint" in log and "--parallelism.tensor_parallel_degree 2" in \
+        (Path(cell["log_dir"]) / "run2" / "command.txt").read_text()
+    assert not marked("llama3-dp2-eager-resume")

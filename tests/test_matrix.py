@@ -151,6 +151,8 @@ def test_shipped_profiles():
     """Both profiles load; the cpu profile has at least 30 cells and a smoke tier."""
     counts = {}
     for path in sorted(MATRIX_DIR.glob("*.yaml")):
+        if path.stem.endswith("upstream"):
+            continue  # they read their generation's installed tests (tests/test_upstream.py)
         matrix = load_matrix(path)
         make_target(matrix, MATRIX_DIR)
         cells, dropped = expand(matrix)

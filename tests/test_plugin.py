@@ -203,7 +203,7 @@ def shipped_cells(name):
 
 @pytest.mark.parametrize("profiles, names", [
     ("cpu,h100x8", ["cpu", "h100x8"]),
-    ("all", ["cpu", "h100x8", "titan02-cpu", "titan02-h100x8"]),
+    ("all", ["cpu", "h100x4", "h100x8", "titan02-cpu", "titan02-h100x4", "titan02-h100x8"]),
 ], ids=["a,b", "all"])
 def test_several_profiles_in_one_run(pytester, monkeypatch, profiles, names):
     # in process, with the user's options cache: a subprocess's PYTHONPATH (pytester's folder first) is part of

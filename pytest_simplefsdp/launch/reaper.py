@@ -9,34 +9,20 @@ fails a green cell for it, as the local sweep does) and killed; the reaper exits
 """
 
 import ctypes
-import os
 import signal
 import subprocess
 import sys
 
 import psutil
 
+from .procs import kill_procs
+
 SURVIVOR_LINE = "simplefsdp-survivor"
 
 
 def sweep(grace=2.0):
-    """Name and kill every process still below this one; returns the lines printed."""
-    procs = psutil.Process().children(recursive=True)
-    lines = []
-    for p in procs:
-        try:
-            lines.append(f"{SURVIVOR_LINE} pid {p.pid} ({' '.join(p.cmdline()[:4])})")
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-    return lines
+    """Name and kill every process still below this one; returns the lines to print."""
+    return [f"{SURVIVOR_LINE} {line}" for line in kill_procs(psutil.Process().children(recursive=True), grace)]
 
 
 def main(argv):

@@ -50,6 +50,8 @@ def main():
     p.add_argument("--at-step", type=int, default=2, help="the step at which --rank misbehaves")
     p.add_argument("--tp", type=int, default=None, help="the TP degree asked; recorded as evidence")
     p.add_argument("--flag", default=None, help="porttaken: the file whose absence makes this try fail")
+    p.add_argument("--checkpoint", action="store_true", help="resume from <dump>/checkpoint, save there at the end")
+    p.add_argument("--no-load", action="store_true", help="with --checkpoint: ignore the saved one (a broken resume)")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
@@ -88,7 +90,12 @@ def main():
         os._exit(0)
     if a.mode == "orphan" and rank == 0:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    for step in range(1, a.steps + 1):
+    first = 1
+    saved = os.path.join(a.dump, "checkpoint", "step")
+    if a.checkpoint and not a.no_load and os.path.exists(saved):
+        first = int(open(saved).read()) + 1
+        print(f"Finished loading the checkpoint in 0.01 seconds (step {first - 1})", flush=True)
+    for step in range(first, a.steps + 1):
         me = rank == target and step == a.at_step
         if a.mode == "failignore" and rank == 0 and step == a.at_step:
             raise RuntimeError("fake failure on purpose")
@@ -126,6 +133,10 @@ def main():
         barrier(folder, step, rank, world)
         print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  "
               f"grad_norm: {grad_norm:7.4f}", flush=True)
+    if a.checkpoint and rank == 0:
+        os.makedirs(os.path.dirname(saved), exist_ok=True)
+        with open(saved, "w") as f:
+            f.write(str(a.steps))
     with open(os.path.join(a.dump, f"times.rank{rank}"), "w") as f:  # for the packing tests
         f.write(f"{started} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
     return 0

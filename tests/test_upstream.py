@@ -1,0 +1,168 @@
+"""Upstream's own suite as a source: the loader on a small fake definitions file and on the installed
+torchtitan's real one, the mapping to our axes, and the coverage of our profiles."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_simplefsdp import upstream
+from pytest_simplefsdp.matrix import load_matrix
+
+FAKE = Path(__file__).parent / "data" / "upstream_fake" / "integration_tests.py"
+
+
+def test_the_loader_runs_upstreams_builders_and_reads_why_a_test_is_disabled():
+    tests = {t.name: t for t in upstream.load_file(FAKE)}
+    assert list(tests) == ["jit_1d_auto_bucketing", "aot_fx_trace_fsdp_tp", "checkpoint_resume", "moe_ep2", "moe_ep4"]
+    jit = tests["jit_1d_auto_bucketing"]
+    assert jit.disabled and jit.ngpu == 4 and jit.flags == (
+        "--module", "graph_trainer.llama3", "--config", "graph_trainer_llama3_debugmodel", "--compile.mode", "jit",
+        "--compile.passes=auto_bucketing")
+    assert "partitioner regression" in jit.note and jit.links == ("https://github.com/pytorch/torchtitan/issues/2149",)
+    assert jit.where == f"{FAKE}:15"  # the line of its OverrideDefinitions(
+    assert len(tests["checkpoint_resume"].runs) == 2 and tests["checkpoint_resume"].ngpu == 2
+    # a name built by an f-string in a comprehension: the comment inside the call still reaches each variant
+    assert not tests["moe_ep2"].disabled and tests["moe_ep4"].disabled
+    assert tests["moe_ep4"].links == ("https://github.com/pytorch/torchtitan/issues/4052",
+                                      "https://github.com/pytorch/pytorch/issues/170369")
+    assert "tests" not in sys.modules or not hasattr(sys.modules["tests"], "integration_tests")  # stand-in removed
+
+
+def test_a_test_in_the_matrixs_axes():
+    tests = {t.name: t for t in upstream.load_file(FAKE)}
+    c = upstream.configuration(tests["aot_fx_trace_fsdp_tp"])
+    assert (c.axes, c.world, c.features) == (
+        {"model": "llama3", "compile": "aot_fx_trace", "dp_shard": 2, "tp": 2}, 4, {})
+    c = upstream.configuration(tests["jit_1d_auto_bucketing"])
+    assert c.axes == {"model": "llama3", "compile": "jit", "dp_shard": 4} and c.features == {"compile.passes": "auto_bucketing"}
+    c = upstream.configuration(tests["moe_ep2"])  # dp_shard -1: every rank the other degrees leave
+    assert c.axes == {"model": "deepseek_v3", "compile": "aot_fx_trace", "ep": 2, "dp_shard": 8}
+    assert upstream.configuration(tests["checkpoint_resume"]).features == {"checkpoint.enable": True, "runs": 2}
+
+
+MATRIX = """\
+profile: mini
+target: titan03
+device: cuda
+world_sizes: [4]
+degrees: [dp_shard, tp]
+models:
+  llama3: {module: graph_trainer.llama3, config: graph_trainer_llama3_debugmodel}
+features:
+  auto_bucketing: ["--compile.passes=auto_bucketing"]
+axes:
+  model: [llama3]
+  dp_shard: [2, 4]
+  tp: [1, 2]
+  compile: [aot_fx_trace, jit]
+  memory_policy: [default]
+  feature: [none, auto_bucketing]
+rules:
+  - {name: world, drop_if: world not in world_sizes, reason: "{world} ranks"}
+ids:
+  dp_shard: {prefix: dp}
+  tp: {prefix: tp, omit: 1}
+  memory_policy: {prefix: mp_}
+  feature: {omit: none}
+"""
+
+
+def test_coverage_names_the_cell_or_what_is_missing(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text(MATRIX)
+    cov = upstream.coverage(upstream.load_file(FAKE), upstream.candidates([load_matrix(path)]))
+    rows = {r.test.name: r for r in cov["tests"]}
+    assert rows["aot_fx_trace_fsdp_tp"].status == "covered"
+    assert rows["aot_fx_trace_fsdp_tp"].cells == ["mini::llama3-dp2-tp2-aot_fx_trace-mp_default",
+                                                  "mini::llama3-dp2-tp2-aot_fx_trace-mp_default-auto_bucketing"]
+    assert rows["jit_1d_auto_bucketing"].cells == ["mini::llama3-dp4-jit-mp_default-auto_bucketing"]
+    # a layout the profile has but drops names the rule; a world no profile has says so
+    assert rows["checkpoint_resume"].status == "none" and rows["checkpoint_resume"].reason == \
+        "mini rules this layout out: rule world: 2 ranks"
+    assert rows["moe_ep2"].reason == "no profile has a 8-rank world"
+    assert cov["totals"] == {"covered": 2, "partly": 0, "none": 3}
+    assert "mini::llama3-dp4-aot_fx_trace-mp_default" in cov["ours_only"]
+    path.write_text(MATRIX.replace("  feature: [none, auto_bucketing]", "  feature: [none]"))
+    cov = upstream.coverage(upstream.load_file(FAKE), upstream.candidates([load_matrix(path)]))
+    row = next(r for r in cov["tests"] if r.test.name == "jit_1d_auto_bucketing")
+    assert (row.status, row.reason) == ("partly", "same layout; not set by any: compile.passes")
+
+
+def test_the_installed_torchtitans_suite_loads_and_our_profiles_cover_it():
+    """The real file of the installed generation: its tests load, each maps to axes, and the report runs."""
+    try:
+        tests = upstream.load()
+    except LookupError as e:
+        pytest.skip(str(e))
+    assert len(tests) >= 10 and len({t.name for t in tests}) == len(tests)
+    assert all(upstream.configuration(t).world == t.ngpu for t in tests)
+    assert any(t.disabled and t.note for t in tests)
+    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.upstream", "--format", "json"],
+                         capture_output=True, text=True, check=True).stdout
+    doc = json.loads(out)
+    assert sum(doc["totals"].values()) == len(tests) and doc["totals"]["covered"] >= 0.85 * len(tests)
+
+
+SOURCE = """\
+profile: upstream
+target: titan03
+source: upstream
+device: cuda
+world_sizes: [2, 4, 8]
+settings: {steps: 5, seq_len: 512, local_batch_size: 2}
+models:
+  llama3: {moe: false}
+  deepseek_v3: {moe: true}
+rules:
+  - {name: no-jit, drop_if: compile == 'jit', reason: jit is off}
+"""
+
+
+def test_source_upstream_makes_one_cell_per_upstream_test(tmp_path, monkeypatch):
+    from pytest_simplefsdp.cells import expand
+    from pytest_simplefsdp.targets import make_target
+
+    monkeypatch.setattr(upstream, "load", lambda gen=None, root=None: upstream.load_file(FAKE))
+    path = tmp_path / "upstream.yaml"
+    path.write_text(SOURCE)
+    matrix = load_matrix(path)
+    cells, dropped = expand(matrix)
+    assert [(c.id, c.world) for c in cells] == [("aot_fx_trace_fsdp_tp", 4), ("checkpoint_resume", 2),
+                                               ("moe_ep2", 8), ("moe_ep4", 8)]
+    assert [(d.id, d.rule) for d in dropped] == [("jit_1d_auto_bucketing", "no-jit")]  # rules see what it configures
+    cell = cells[0]
+    assert cell.axes["upstream"] == "aot_fx_trace_fsdp_tp" and (cell.axes["tp"], cell.axes["dp_shard"]) == (2, 2)
+    assert cells[3].axes["disabled"] is True and cells[1].axes["runs"] == 2
+    target = make_target(matrix, tmp_path)
+    argv = target.command(cell, dump_folder=tmp_path / "dump").argv
+    words = " ".join(argv)
+    assert "--module graph_trainer.llama3 --config graph_trainer_llama3_debugmodel" in words
+    assert "--parallelism.tensor_parallel_degree 2" in words and "--compile.mode aot_fx_trace" in words
+    assert f"--training.steps 5" in words and f"--dump_folder {tmp_path / 'dump'}" in words
+    resume = target.command(cells[1], dump_folder=tmp_path / "dump", run=1).argv  # its second run: upstream's steps
+    assert target.runs(cells[1]) == 2 and resume[resume.index("--training.steps") + 1] == "20"
+    path.write_text(SOURCE + "axes:\n  model: [llama3]\n")
+    with pytest.raises(Exception, match="a matrix with `source: upstream` takes its cells from upstream; it has no"):
+        load_matrix(path)
+
+
+def test_the_shipped_upstream_profile_lists_the_installed_suite(pytester):
+    """`--simplefsdp-profile=upstream` (0.3) or titan02-upstream (0.2): one cell per installed upstream test."""
+    try:
+        tests = upstream.load()
+    except LookupError as e:
+        pytest.skip(str(e))
+    profile = "titan02-upstream" if upstream.generation(__import__("importlib.metadata").metadata.version(
+        "torchtitan")) == "0.2" else "upstream"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-profile={profile}",
+                                           "--simplefsdp-dry-run", "--co", "-q")
+    ids = [line.rsplit("::", 1)[1] for line in result.stdout.lines
+           if f"{profile}.yaml::" in line and " ranks, timeout " not in line]  # (not the dry run's commands)
+    from pytest_simplefsdp.cells import value_id
+
+    dropped_here = {"upstream": 2, "titan02-upstream": 1}[profile]  # precompile steps; the model-less 0.2 test
+    assert len(ids) == len(tests) - dropped_here and set(ids) <= {value_id(t.name) for t in tests}
