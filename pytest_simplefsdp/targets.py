@@ -485,8 +485,10 @@ class Titan02(TorchtitanTarget):
     def seed_command(self, model, dump_folder: Path):
         return None  # numerics are not wired for 0.2: its matrix files have no `numerics`
 
+    CUSTOM_CONFIG = "torchtitan.experiments.simple_fsdp.job_config"  # what every upstream simple_fsdp test passes
+
     def job_config(self, axes):
-        return None, None  # one JobConfig for every cell
+        return None, self.CUSTOM_CONFIG  # one JobConfig for every cell, with simple_fsdp's options merged in
 
     OURS = {"job.config_file", "model.hf_assets_path", "training.dataset_path", "job.dump_folder",
             "training.local_batch_size", "training.seq_len", "metrics.log_freq"}
@@ -494,12 +496,14 @@ class Titan02(TorchtitanTarget):
     def flags(self, cell, dump_folder: Path, seed_folder=None, run=0):
         a, s = cell.axes, self.matrix.settings
         test = self.upstream_test(a)
+        custom = Flag("job.custom_config_module", self.CUSTOM_CONFIG, "target")
         if test:  # our job config and run settings, upstream's flags of that run on top
-            flags = [Flag("job.config_file", self.JOB_TOML, "target"), *self.run_flags(dump_folder)]
+            flags = [Flag("job.config_file", self.JOB_TOML, "target"), custom, *self.run_flags(dump_folder)]
             return merged(flags + [Flag(k, v, f"upstream {test.name} run {run + 1}")
                                    for k, v in options(test.runs[run]).items() if k not in self.OURS])
         facts = self.matrix.models[a["model"]]
-        flags = [Flag("job.config_file", self.JOB_TOML, "target"), Flag("model.name", facts["name"], f"model {a['model']}"),
+        flags = [Flag("job.config_file", self.JOB_TOML, "target"), custom,
+                 Flag("model.name", facts["name"], f"model {a['model']}"),
                  Flag("model.flavor", facts["flavor"], f"model {a['model']}"), *self.degree_flags(a)]
         if a.get("compile", "eager") == "compiled":
             backend = a.get("backend", s.get("compile_backend", "aot_eager"))

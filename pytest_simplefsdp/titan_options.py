@@ -146,7 +146,11 @@ def walk(config, prefix="") -> dict:
 
 def load_config(module=None, config=None):
     """The job config the trainer would start from: 0.3's config-registry function, or 0.2's JobConfig."""
-    if module is None:
+    if module is None:  # 0.2: the JobConfig, merged with a custom config module (``config``) as torchtitan does
+        if config:
+            from torchtitan.config.manager import ConfigManager
+
+            return ConfigManager().parse_args([f"--job.custom_config_module={config}"])
         from torchtitan.config.job_config import JobConfig
 
         return JobConfig()
@@ -205,8 +209,7 @@ def read_options(module, config, env: dict, origin: str) -> Options:
     if cached.exists():
         return Options(json.loads(cached.read_text()), origin)
     argv = [sys.executable, "-m", "pytest_simplefsdp.titan_options"]
-    if module:
-        argv += ["--module", module, "--config", config]
+    argv += [*(["--module", module] if module else []), *(["--config", config] if config else [])]
     full_env["PYTHONPATH"] = os.pathsep.join([*path, str(Path(__file__).resolve().parent.parent)])
     proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=600)
     if proc.returncode != 0:

@@ -19,7 +19,7 @@ def test_seed_failure_hop_side_effect_is_xfailed_and_its_eager_twin_passes(pytes
     result.assert_outcomes(passed=1, xfailed=1)
     result.stdout.fnmatch_lines(["*simplefsdp: titan02-cpu.yaml profile=titan02-cpu target=titan02*",
                                  "*known failure seed-ep-ac-compile-hop-side-effect "
-                                 "(https://github.com/pytorch/torchtitan/pull/2406)*"])
+                                 "(https://github.com/pytorch/torchtitan/issues/1935)*"])
     cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
     hop = cells["deepseek_v3-dp2-ep2-compiled-ac_selective"]
     # the seed's own wording, on the seed era's torch (2.10.0)
