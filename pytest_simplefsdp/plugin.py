@@ -18,11 +18,12 @@ from .controller import Controller
 from .items import SESSION_PLUGIN, CellItem, controller_of
 from .launch import LAUNCHERS, become_subreaper
 from .matrix import MatrixError
-from .options import OPTIONS, add_options, settings
+from .options import OPTIONS, add_options, raw
 from .profiles import MATRIX_DIR
 from .targets import make_target
 
 BUILTINS_PLUGIN = "simplefsdp-builtins"
+MATRIX = next(o for o in OPTIONS if o.name == "matrix")
 
 
 def pytest_addhooks(pluginmanager):
@@ -40,7 +41,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "smoke: the small tier of matrix cells that CI runs (pytest -m smoke)")
     config.addinivalue_line("markers", "simplefsdp_cell(cell_id, matrix=PATH or profile=NAME, mutant=None): the "
                                        "matrix cell the simplefsdp_cell fixture runs for this test")
-    if settings(config).matrix:
+    if raw(config, MATRIX):  # (the other options are validated by the controller: a plain run reads none of them)
         _register_builtins(config)
         config.pluginmanager.register(Controller(config), SESSION_PLUGIN)
         signal.signal(signal.SIGTERM, _terminate)

@@ -285,3 +285,13 @@ def test_the_session_fails_loudly_when_a_process_of_it_survives(run_matrix, pyte
     result.stdout.fnmatch_lines(["*simplefsdp: processes outlived the run (killed now)*",
                                  "pid *: *python* -c import time; time.sleep(600)  # stray-of-conftest*"])
     assert not marked("stray:")
+
+
+def test_without_the_flag_a_bad_option_value_is_not_read(pytester):
+    """A plain test run does not validate the matrix's options: a stale ini value cannot break it."""
+    pytester.makeini("[pytest]\nsimplefsdp_timeout = soon\nsimplefsdp_compare = missing.json\n")
+    pytester.makepyfile(test_plain="def test_ok():\n    assert True\n")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "--simplefsdp-dry-run")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--simplefsdp-timeout: not a number: 'soon'*"])
