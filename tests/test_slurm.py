@@ -27,7 +27,8 @@ def table(result):
     17 s pad the columns differently: the verdicts are what must match)."""
     lines = result.stdout.lines
     start = next(i for i, line in enumerate(lines) if line.startswith("layout"))
-    return [" ".join(re.sub(r" \d+s\b", "", line).split()) for line in lines[start:start + 6]]
+    return [" ".join(re.sub(r"-+", "-", re.sub(r" \d+s\b", "", line)).split())  # (dashes: as wide as the widest time)
+            for line in lines[start:start + 6]]
 
 
 def test_srun_command_of_a_gpu_cell_spans_nodes(tmp_path):
