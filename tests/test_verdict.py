@@ -218,3 +218,23 @@ def test_signature_matching_is_linear_time():
 
     assert compile_signature("(a+)+$").search("a" * 200 + "b") is None
     assert compile_signature("(a+)+$").search("RuntimeError: " + "a" * 200)
+
+
+def test_a_shipped_profile_that_does_not_load_is_named_not_skipped(pytester, monkeypatch):
+    """The known-failures check loads every shipped profile; a broken one is a usage error naming it (it was
+    skipped, and an entry on its axes then failed as "condition on unknown axis")."""
+    from pytest_simplefsdp import controller
+    from pytest_simplefsdp.profiles import MATRIX_DIR
+
+    shipped = pytester.path / "shipped"
+    shipped.mkdir()
+    for p in MATRIX_DIR.glob("*.yaml"):
+        (shipped / p.name).write_text(p.read_text())
+    (shipped / "h100x8.yaml").write_text((MATRIX_DIR / "h100x8.yaml").read_text().replace("  model: [llama3,",
+                                                                                          "  model: [gemma,"))
+    monkeypatch.setattr(controller, "MATRIX_DIR", shipped)
+    (pytester.path / "fake.yaml").write_text(fake_matrix())
+    result = pytester.runpytest_inprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
+                                          "--simplefsdp-dry-run", "--co", "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*a shipped profile does not load: */shipped/h100x8.yaml:*: *gemma*"])
