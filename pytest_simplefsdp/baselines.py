@@ -72,15 +72,21 @@ class Book:
 
     # --- seed checkpoints ---------------------------------------------------------------------------
 
-    def seed_for(self, run, cell) -> Path | Unavailable | None:
-        """The seed checkpoint of the cell's model (made once per run); None where numerics need none."""
+    def seed_job(self, run, cell):
+        """(model, folder, command) of the seed job the cell starts from; None where numerics need none."""
         if not run.matrix.numerics or "model" not in cell.axes:
             return None
         model = cell.axes["model"]
         folder = self.run_dir / value_id(run.matrix.profile) / f"seed-{model}"
         command = run.target.seed_command(model, folder)
-        if command is None:
+        return None if command is None else (model, folder, command)
+
+    def seed_for(self, run, cell) -> Path | Unavailable | None:
+        """The seed checkpoint of the cell's model (made once per run); None where numerics need none."""
+        job = self.seed_job(run, cell)
+        if job is None:
             return None
+        model, folder, command = job
         with self.lock:
             key = (run.name, model)
             if key not in self.seeds:
@@ -113,10 +119,23 @@ class Book:
             return Unavailable(f"stored baseline {stored['id']} has {len(losses)} steps, this run trains {want}")
         return CellResult(stored["id"], stored["axes"], losses=losses, log_dir=stored.get("log_dir", ""))
 
+    def baseline_cell(self, run, cell) -> Cell | None:
+        """The baseline job a cell is compared with, where it is another cell and no stored run gives it."""
+        if not run.matrix.numerics or lane_for(run.matrix.numerics.lanes, cell.axes) is None:
+            return None
+        base_axes = run.target.baseline_axes(cell.axes)
+        if base_axes == cell.axes or (run.matrix.profile, axes_key(base_axes)) in self.stored:
+            return None
+        return self._base_cell(run, base_axes)
+
+    @staticmethod
+    def _base_cell(run, base_axes):
+        return Cell("baseline-" + cell_id(run.matrix, base_axes), base_axes, world_size(run.matrix, base_axes))
+
     def _run_baseline(self, run, base_axes, key):
         done = self.passed.get(key)
         if done is None:
-            cell = Cell("baseline-" + cell_id(run.matrix, base_axes), base_axes, world_size(run.matrix, base_axes))
+            cell = self._base_cell(run, base_axes)
             seed = self.seed_for(run, cell)
             if isinstance(seed, Unavailable):
                 return Unavailable(f"baseline {cell.id} has no seed: {seed.reason}")
@@ -155,6 +174,7 @@ class Book:
         if not ok:
             rep.setdefault("check", "loss")
             result.fail(FailureClass.NUMERICS, line)
-            result.plot = plot(Path(result.log_dir) / "loss_vs_baseline.png", result.losses, base.losses,
-                               f"{cell.id} vs {base.id}")
+            result.plot = plot(Path(result.log_dir) / "curves_vs_baseline.png",
+                               {"loss": result.losses, "grad_norm": result.grad_norms},
+                               {"loss": base.losses, "grad_norm": base.grad_norms}, f"{cell.id} vs {base.id}")
 

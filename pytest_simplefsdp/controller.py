@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from . import mutants, report
+from . import mutants, numerics, page, report
 from .baselines import Book, Unavailable
 from .items import CellItem, MatrixCollector
 from .kinds import Device, FailureClass, Status
@@ -29,8 +29,9 @@ from .runner import CellRunner
 from .schedule import Packer
 from .store import ResultStore
 from .targets import ROOT
+from .progress import ESTIMATE, Progress, stored_walls
 from .upstream import UPSTREAM_AXES
-from .verdict import could_apply, judge, load_known_failures, signature, update_file
+from .verdict import apply, could_apply, load_known_failures, update_file
 
 
 def make_launcher(config, dry_run):
@@ -77,18 +78,61 @@ def load_known(config, s, runs, cache_dir):
                 unloadable.add(p.stem)  # an upstream-sourced profile whose torchtitan is not installed here
     axis_names = {a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES
     try:
-        known = load_known_failures(path, axis_names, allow_todo_links=s.update_known_failures)
+        known = load_known_failures(path, axis_names, allow_todo_links=s.update_known_failures,
+                                    profiles={r.matrix.profile for r in profiles} | unloadable)
         for entry in known.entries:
             named = entry.when.get("profile")
             named = set(named if isinstance(named, list) else [named]) if named else set()
-            if named and named <= unloadable:
-                continue  # its profiles cannot be loaded here: nothing to check it against
+            if entry.foreign or (named and named <= unloadable):
+                continue  # its profiles are not loaded (or cannot be, here): nothing to check it against
             if not any(could_apply(entry, c.axes, r.env()) for r in profiles for c in r.cells):
                 raise MatrixError(f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
                                   f"({', '.join(r.matrix.profile for r in profiles)})")
     except MatrixError as e:
         raise pytest.UsageError(str(e)) from None
     return known
+
+
+def cell_arguments(config):
+    """Positional arguments in matrix mode: matrix files, or cells as a FAILED line names them
+    (``matrix/cpu.yaml::llama3-dp2-eager``, pasted back). Ordinary test paths are refused: this mode runs
+    the matrix only. Returns {matrix path: cell ids (empty: all its cells)}."""
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        return {}
+    chosen = {}
+    for arg in config.args:
+        file, _, cell = arg.partition("::")
+        file = file.removesuffix("[trace]")
+        path = next((b / file for b in (config.invocation_params.dir, config.rootpath) if (b / file).is_file()), None)
+        if path is None or path.suffix not in (".yaml", ".yml"):
+            raise pytest.UsageError(f"{arg}: not a matrix file or a cell of one; --simplefsdp-matrix runs the "
+                                    f"matrix only (drop it to run test files)")
+        ids = chosen.setdefault(path.resolve(), set())
+        if not cell:
+            chosen[path.resolve()] = ids = None  # the whole file
+        if ids is not None:
+            ids.add(cell)
+    config.args[:] = [str(config.invocation_params.dir)]  # nothing for pytest to collect: the cells are ours
+    return {p: ids or set() for p, ids in chosen.items()}
+
+
+def check_plugins(config, s):
+    """Plugins that would fight the matrix's own mechanisms: refused with the way out, or told in the header.
+    pytest-rerunfailures would run a cell again over its own folder and store it twice; pytest-timeout would
+    interrupt the controller mid-cell (a traceback, the cell's record lost) where the supervisor times it.
+    Returns (header lines, whether cells are exempt from an ini pytest-timeout)."""
+    reruns = getattr(config.option, "reruns", None)
+    if reruns:
+        raise pytest.UsageError(f"--reruns {reruns} (pytest-rerunfailures): a matrix cell is not rerun; a cell "
+                                f"that fails now and then is a `kind: flaky` entry in the known failures")
+    if getattr(config.option, "timeout", None):
+        raise pytest.UsageError(f"--timeout {config.option.timeout:g} (pytest-timeout): a cell is timed by its "
+                                f"supervisor, which dumps the ranks' stacks and keeps the record: use "
+                                f"--simplefsdp-timeout={config.option.timeout:g}")
+    if config.pluginmanager.hasplugin("timeout") and float(config.getini("timeout") or 0) > 0:
+        return [f"simplefsdp: the ini timeout ({config.getini('timeout')} s, pytest-timeout) does not apply to cells: "
+                f"each has its own (--simplefsdp-timeout, else the matrix file's `timeout`)"], True
+    return [], False
 
 
 class Controller:
@@ -111,26 +155,48 @@ class Controller:
                 raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
         self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
         self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks)
-        self.runs = load_runs(config, s, files, self.cache_dir)
-        if not s.dry_run:
-            self._check_gpus()
+        self.chosen = {} if files else cell_arguments(config)  # path -> cell ids named on the command line
+        self.runs = load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
+        self.header, self.exempt_from_timeout = [], False
+        if files is None:  # the matrix session (not the fixture's controller inside an ordinary test run)
+            self.header, self.exempt_from_timeout = check_plugins(config, s)
+            if config.option.verbose == 0:  # a line per cell (its outcome, time, ETA): a cell takes minutes
+                config.option.verbose = 1
+        self.unavailable = {} if s.dry_run else self._check_gpus()  # run name -> why its cells cannot run here
         self.mutants = self._chosen_mutants()  # run name -> [mutants.Mutant] of --simplefsdp-mutants
         self.known = load_known(config, s, self.runs, self.cache_dir)
+        foreign = [e.id for e in self.known.entries if e.foreign] if self.known else []
+        if foreign:
+            self.header.append(f"simplefsdp: {len(foreign)} known-failure entries are for profiles not loaded here "
+                               f"(not checked): {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}")
+        self.compared = self._stored_run(s.compare, "compare")  # read now: a bad file is found before any cell runs
         self.store = ResultStore(self.run_dir, self.runs, self.launcher.name, config.hook, config)
         self.book = Book(self.runner, self.store, self.run_dir, s.baseline)
         self.selected = []
-        self.packer = None
+        self.packer = self.progress = None
+        self.shown = set()  # cells whose progress line was written
         self.leftover_lines, self.update_lines = [], []
 
     def _check_gpus(self):
-        have = len(cuda_device_ids())
+        """A GPU profile on a host with fewer GPUs is still collected (--co, -k work anywhere); its cells are
+        skipped with the reason."""
+        have, out = len(cuda_device_ids()), {}
         for run in self.runs:
             if run.matrix.device == Device.CUDA and not self.runner.launcher_for(run).remote:  # (trace tier: CPU)
                 need = max((c.world for c in run.cells), default=0)
                 if have < need:
-                    raise pytest.UsageError(
-                        f"{run.matrix.path}: profile {run.matrix.profile} needs {need} CUDA devices, "
-                        f"{have} visible; use --simplefsdp-dry-run to list its cells")
+                    out[run.name] = (f"profile {run.matrix.profile} needs {need} CUDA devices, {have} visible "
+                                     f"(--simplefsdp-dry-run lists its commands; --simplefsdp-tier=trace runs it here)")
+        return out
+
+    @staticmethod
+    def _stored_run(path, option):
+        if path is None:
+            return None
+        try:
+            return report.load_run(path)
+        except SystemExit as e:
+            raise pytest.UsageError(f"--simplefsdp-{option}: {e}") from None
 
     def _chosen_mutants(self):
         if not self.settings.mutants:
@@ -152,18 +218,15 @@ class Controller:
         return next((e for e in self.entries_for(run, cell) if e.kind == "skip"), None)
 
     @staticmethod
-    def skipped_result(cell, entry):
+    def skipped_result(cell, entry, reason=None):
+        """A cell that is not run: a skip entry's, or (entry None) the reason given."""
         return CellResult(cell.id, dict(cell.axes), status=Status.SKIPPED, world=cell.world,
-                          known_failure=entry.id, known_failure_link=entry.link, verdict=entry.reason)
+                          known_failure=entry and entry.id, known_failure_link=entry and entry.link,
+                          verdict=entry.reason if entry else reason)
 
     def apply_verdict(self, result, entries):
         """Judge a result against its known-failure entries and write the verdict into it."""
-        verdict = judge(result, entries, self.settings.gate)
-        result.signature = signature(result.error_text or result.error_line)
-        result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
-        if verdict.entry:
-            result.known_failure, result.known_failure_link = verdict.entry.id, verdict.entry.link
-        return verdict
+        return apply(result, entries, self.settings.gate)
 
     # --- running ------------------------------------------------------------------------------------
 
@@ -201,6 +264,8 @@ class Controller:
         if cell is None:
             raise pytest.UsageError(f"simplefsdp_cell: {run.matrix.path} has no valid cell {cell_id!r}; its cells: "
                                     f"{', '.join(c.id for c in run.cells[:20])}{' ...' if len(run.cells) > 20 else ''}")
+        if run.name in self.unavailable:
+            pytest.skip(self.unavailable[run.name])
         skip = self.skip_entry(run, cell)
         if skip:
             pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
@@ -229,17 +294,29 @@ class Controller:
     def pytest_collection_modifyitems(self, session, config, items):
         for run in self.runs:
             collector = MatrixCollector.from_parent(session, name=run.name, nodeid=run.name, run=run)
-            items.extend(session.genitems(collector))  # reports the collection like any file's
+            cells = list(session.genitems(collector))  # reports the collection like any file's
+            named = self.chosen.get(run.matrix.path.resolve())
+            if named:  # cells named on the command line (pasted from a FAILED line): only those
+                unknown = named - {i.cell.id for i in cells} - {i.cell.id.split("[mutant-")[0] for i in cells}
+                if unknown:
+                    raise pytest.UsageError(f"{run.matrix.path}: no valid cell {', '.join(sorted(unknown))}; "
+                                            f"--simplefsdp-dry-run lists its cells")
+                keep = [i for i in cells if i.cell.id in named or i.cell.id.split("[mutant-")[0] in named]
+                config.hook.pytest_deselected(items=[i for i in cells if i not in keep])
+                cells = keep
+            items.extend(cells)
 
     def pytest_report_header(self, config):
         return [f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
                 f"cells={len(run.cells)} n/a={len(run.dropped)} flags={run.target.spelling} "
                 f"launcher={self.launcher.name}" + (" DRY RUN" if self.settings.dry_run else "")
-                for run in self.runs]
+                + (f" SKIPPED: {self.unavailable[run.name]}" if run.name in self.unavailable else "")
+                for run in self.runs] + self.header
 
     def pytest_collection_finish(self, session):
         cells = [item for item in session.items if isinstance(item, CellItem)]
         self.selected = [(item.run, item.cell) for item in cells]  # in collection order
+        self.progress = self._progress(cells)
         if self.settings.jobs == 1 or self.settings.dry_run or not cells:
             return
         devices = cuda_device_ids() if any(i.run.matrix.device == Device.CUDA for i in cells) else []
@@ -250,9 +327,41 @@ class Controller:
         jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
         self.packer = Packer(jobs, budget, devices)
         for item in cells:
-            if not self.skip_entry(item.run, item.cell):
+            if not self.skip_entry(item.run, item.cell) and item.run.name not in self.unavailable:
                 self.packer.add(item.nodeid, item.cell.world,
                                 lambda devs, item=item: self.run_and_check(item.run, item.cell, devs))
+
+    def _progress(self, cells):
+        """Each selected cell's expected time: from the newest stored runs of its profile, else the estimate."""
+        runs_dirs = {self.cache_dir / "runs", *( [self.settings.artifacts.parent] if self.settings.artifacts else [])}
+        walls, source = {}, None
+        for d in runs_dirs:
+            found, where = stored_walls(d, {i.run.matrix.profile for i in cells})
+            walls = {**found, **walls}
+            source = source or where
+        expected = {}
+        for item in cells:
+            k = item.run.key(item.cell.id)
+            expected[k] = walls.get(k) or ESTIMATE[str(item.run.matrix.device)](item.cell.world)
+        jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
+        return Progress(expected, min(jobs, len(cells) or 1), source)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(self, report, config):
+        """A cell's verbose line ends with its time and the run's progress: cells done, elapsed, ETA."""
+        res = yield
+        records = getattr(report, "simplefsdp_records", None)
+        if report.when != "call" or not records or not res or self.progress is None or report.nodeid in self.shown:
+            return res  # (the short summary asks again: it gets the plain word)
+        self.shown.add(report.nodeid)
+        run = next((r for r in self.runs if r.name == records[-1]["matrix"]), None)
+        if run is not None:
+            self.progress.finished(run.key(records[-1]["id"]), records[-1].get("wall") or 0.0)
+        category, letter, word = res
+        text, markup = word if isinstance(word, tuple) else (word, {})
+        if text:
+            text = f"{text} {records[-1].get('wall') or 0:.0f}s ({self.progress.line()})"
+        return category, letter, (text, markup) if markup else text
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
@@ -306,13 +415,13 @@ class Controller:
             return self._dry_run_summary(terminalreporter)
         tr = terminalreporter
         doc = self.store.document()
-        if self.settings.compare:
-            doc["comparison"] = report.compare_runs(report.load_run(self.settings.compare), doc)
+        if self.store.records and (self.settings.html or self.settings.status_md):
+            doc["walltime_plot"] = numerics.walltime_plot(self.run_dir.resolve() / report.WALLTIME_PLOT, doc)
+        if self.compared is not None:
+            doc["comparison"] = report.compare_runs(self.compared, doc)
             tr.section(f"simplefsdp: changes since {self.settings.compare}")
-            for key, change in doc["comparison"].items():
-                tr.write_line(f"{change}: {key}", red=change != "newly fixed", green=change == "newly fixed")
-            if not doc["comparison"]:
-                tr.write_line("no cell changed")
+            for line, good in report.change_lines(doc["comparison"]):
+                tr.write_line(line, red=not good, green=good)
         if self.leftover_lines:
             tr.section("simplefsdp: processes outlived the run (killed now)", red=True)
             for line in self.leftover_lines:
@@ -350,20 +459,51 @@ class Controller:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text())
                 tr.write_line(f"{what}: {path}")
+        if self.settings.html:
+            tr.write_line(f"html page: {page.write(doc, self.settings.html)}")
 
     def _dry_run_summary(self, tr):
+        """Every job the run would launch, in the order it would: seed checkpoints, baselines, then the cells,
+        each with its exact command (the cells' with the seed flags they will get)."""
+        seeds, baselines = {}, {}
+        for run, cell in self.selected:
+            job = self.book.seed_job(run, cell)
+            if job:
+                seeds.setdefault((run.name, job[0]), (run, job))
+            base = self.book.baseline_cell(run, cell)
+            if base is not None and not any(r is run and c.axes == base.axes for r, c in self.selected):
+                baselines.setdefault((run.name, base.id), (run, base, []))[2].append(cell.id)
+        if seeds:
+            tr.section("simplefsdp dry run: seed checkpoints (made on the first real run, before the cells)")
+            for run, (model, folder, command) in seeds.values():
+                spec = self.runner.seed_spec(run, model, command, folder, port=29500)
+                tr.write_line(f"{run.name}: seed-{model}  [1 rank] -> {folder / 'checkpoint' / 'step-0'}")
+                tr.write_line(f"  {self.launcher.reproducer(spec)}")
+        if baselines:
+            tr.section("simplefsdp dry run: numerics baselines (run once, before the first cell compared with them)")
+            for run, base, users in baselines.values():
+                self._dry_run_job(tr, run, base, f"baseline of {len(users)} cells: {', '.join(users[:4])}"
+                                                 f"{' ...' if len(users) > 4 else ''}")
         tr.section("simplefsdp dry run: commands")
         for run, cell in self.selected:
-            spec = self.runner.spec_for(run, cell, port=29500)
-            tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]")
-            tr.write_line(f"  {self.runner.launcher_for(run).reproducer(spec)}")
-            plan = run.target.evidence_plan(cell)
-            if plan:
-                tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")
+            self._dry_run_job(tr, run, cell)
         for run in self.runs:
             tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
+        if seeds:
+            tr.write_line("the seed checkpoints and the targets' assets the commands name are made on the first real "
+                          "run (a dry run launches and writes nothing)")
         if self.settings.coverage:
             self._coverage(tr)
+
+    def _dry_run_job(self, tr, run, cell, note=""):
+        job = self.book.seed_job(run, cell)
+        spec = self.runner.spec_for(run, cell, port=29500, seed=job[1] if job else None)
+        tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]"
+                      + (f"  {note}" if note else ""))
+        tr.write_line(f"  {self.runner.launcher_for(run).reproducer(spec)}")
+        plan = run.target.evidence_plan(cell)
+        if plan:
+            tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")
 
     def pytest_unconfigure(self, config):
         self.store.close()

@@ -29,6 +29,8 @@ class MatrixCollector(pytest.Collector):
         for cell in self._cells():
             item = CellItem.from_parent(self, name=cell.id, run=self.run, cell=cell)
             item.add_marker(pytest.mark.simplefsdp)
+            if controller_of(self.config).exempt_from_timeout:
+                item.add_marker(pytest.mark.timeout(0))  # an ini pytest-timeout: the supervisor times cells
             if cell.smoke:
                 item.add_marker(pytest.mark.smoke)
             for group, entries in self.run.matrix.groups.items():
@@ -74,6 +76,9 @@ class CellItem(pytest.Item):
         state = controller_of(self.config)
         if state.settings.dry_run:
             pytest.skip("dry run: not launched")
+        if self.run.name in state.unavailable:
+            state.record(self.run, state.skipped_result(self.cell, None, state.unavailable[self.run.name]))
+            pytest.skip(state.unavailable[self.run.name])
         skip = state.skip_entry(self.run, self.cell)
         if skip:
             state.record(self.run, state.skipped_result(self.cell, skip))

@@ -6,6 +6,7 @@ option and the value it refused, so a bad value is a usage error before anything
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -62,8 +63,35 @@ def existing_file(name, value):
     return Path(value)
 
 
-def path(name, value):
-    return Path(value) if value else None
+def _writable(name, p: Path):
+    """The nearest existing folder above ``p`` must be a folder we may write into."""
+    above = next(a for a in (p.parent, *p.parent.parents) if a.exists())
+    if not above.is_dir():
+        raise pytest.UsageError(f"--simplefsdp-{name}: {p}: {above} is a file, not a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise pytest.UsageError(f"--simplefsdp-{name}: {p}: {above} is not writable")
+
+
+def output_file(name, value):
+    """A file the run writes (at its end): checked now, not after every cell ran."""
+    if not value:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        raise pytest.UsageError(f"--simplefsdp-{name}: {value}: is a folder; name a file")
+    _writable(name, p)
+    return p
+
+
+def output_dir(name, value):
+    """A folder the run writes into: checked now."""
+    if not value:
+        return None
+    p = Path(value)
+    if p.exists() and not p.is_dir():
+        raise pytest.UsageError(f"--simplefsdp-{name}: {value}: is a file; name a folder")
+    _writable(name, p / "x")
+    return p
 
 
 def text(name, value):
@@ -129,14 +157,14 @@ OPTIONS = [
     Option("dry-run", "bool", False, "collect the cells and print each one's exact command and environment; "
                                      "launch nothing", flag),
     Option("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
-                                   "first error line, failing rank, wall time, log dir) to this JSON file", path),
+                                   "first error line, failing rank, wall time, log dir) to this JSON file", output_file),
     Option("launcher", "string", "torchrun", "how ranks are started: torchrun (reference), local (the runner "
                                              "starts each rank with torchrun's environment), fork (a server "
                                              "imports torch and the target once and forks the ranks of every "
                                              "cell), slurm (every cell is one srun job step; see "
                                              "--simplefsdp-slurm-*), or one a plugin adds"),
     Option("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
-                                        "under the rootdir)", path),
+                                        "under the rootdir)", output_dir),
     Option("jobs", "string", "1", "cells run at once: N or auto (as many as the ranks budget or the visible GPUs "
                                   "allow); GPU cells get disjoint CUDA_VISIBLE_DEVICES, CPU cells share a budget of "
                                   "--simplefsdp-max-ranks ranks (default: the cores)", jobs),
@@ -145,7 +173,10 @@ OPTIONS = [
     Option("max-ranks", "string", None, "most ranks one CPU cell may start on this machine (default: one per GB "
                                         "of available memory); a larger cell fails without launching", whole),
     Option("status-md", "string", None, "write the status table (GitHub markdown, one grid per profile and model, "
-                                        "footnotes with known-failure links) to this file", path),
+                                        "footnotes with known-failure links) and the status by feature to this file", output_file),
+    Option("html", "string", None, "write the run as a static HTML page into this folder (index.html): the grid and "
+                                   "the status by feature, each cell linking its logs, reproducer, plots and compile "
+                                   "trace; also: python -m pytest_simplefsdp.report RUN --html DIR", output_dir),
     Option("compare", "string", None, "a stored run (--simplefsdp-json) to compare with: newly broken, newly fixed "
                                       "and changed-signature cells are listed and marked in the status table",
            existing_file),
@@ -161,7 +192,7 @@ OPTIONS = [
     Option("coverage", "string", None, "write the upstream coverage report to this file (.md, .json or text): "
                                        "for each SimpleFSDP integration test of the installed torchtitan, the cell "
                                        "of the shipped profiles that runs it or what is missing, and its known "
-                                       "failures (also: python -m pytest_simplefsdp.upstream)", path),
+                                       "failures (also: python -m pytest_simplefsdp.upstream)", output_file),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
                                                    "for new failures (link: TODO), remove entries whose cells all "
                                                    "passed; other entries, their order and comments are kept", flag),
@@ -185,6 +216,7 @@ class Settings:
     log_limit: float | None
     max_ranks: int | None
     status_md: Path | None
+    html: Path | None
     compare: Path | None
     baseline: Path | None
     known_failures: Path | None

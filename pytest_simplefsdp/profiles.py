@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import datetime
 import functools
+import importlib.util
+import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from importlib import metadata
@@ -35,6 +38,44 @@ def versions():
     out = {"python": platform.python_version()}
     out.update({pkg: installed(pkg) for pkg in ("torch", "torchtitan") if installed(pkg)})
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def machine():
+    """Where a run ran, for its meta record: the host, its GPUs (nvidia-smi's names) and the git revisions
+    torch and torchtitan were built from (read from their files: nothing is imported)."""
+    gpus = []
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30).stdout
+            gpus = [line.strip() for line in out.splitlines() if line.strip()]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {"host": platform.node(), "gpus": gpus, "revisions": {k: v for k, v in (
+        ("torch", _torch_git_version()), ("torchtitan", _vcs_commit("torchtitan"))) if v}}
+
+
+def _torch_git_version():
+    spec = importlib.util.find_spec("torch")
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text() if spec and spec.origin else ""
+    except OSError:
+        return None
+    m = re.search(r"^git_version\s*=\s*['\"]([0-9a-f]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+
+def _vcs_commit(package):
+    """The commit a package was installed from (pip's direct_url.json for a git or local checkout), else None."""
+    try:
+        text = metadata.distribution(package).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    try:
+        return (json.loads(text).get("vcs_info") or {}).get("commit_id") if text else None
+    except json.JSONDecodeError:
+        return None
 
 
 def cuda_device_ids():
@@ -94,7 +135,7 @@ class MatrixRun:
     def meta(self, launcher):
         return {"type": "meta", "matrix": self.name, "profile": self.matrix.profile,
                 "target": self.target.name, "device": str(self.matrix.device), "launcher": launcher,
-                "versions": versions(), "date": datetime.date.today().isoformat(),
+                "versions": versions(), **machine(), "date": datetime.date.today().isoformat(),
                 "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": str(self.matrix.tier),
                 "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells))}
 
@@ -108,6 +149,12 @@ class MatrixRun:
         row = " ".join(parts[a] for a in self.matrix.axes if a not in col_axes and parts[a]) or "-"
         col = " ".join(parts[a] for a in col_axes if parts[a]) or "-"
         return row, col
+
+    def key(self, cell_id):
+        """The cell's key across runs and machines (report.key): profile, tier, cell id."""
+        from .report import key
+
+        return key({"profile": self.matrix.profile, "tier": str(self.matrix.tier)}, {"id": cell_id})
 
     def record_of(self, result):
         """A result as stored and reported: its record plus its table row and column."""

@@ -13,11 +13,15 @@ import argparse
 import json
 import sys
 from collections import Counter, OrderedDict
+from pathlib import Path
 
 from tabulate import tabulate
 
 from . import schema
+from .matrix import MatrixError
+from .verdict import load_known_failures, rejudge, signature
 
+WALLTIME_PLOT = "walltime.png"
 SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
            "dropped": "n/a"}
 
@@ -76,7 +80,11 @@ def _load_lines(path, text):
         raise SystemExit(f"{path}: records of {', '.join(map(str, missing))} come without its meta record")
     if not runs:
         raise SystemExit(f"{path}: no run recorded")
-    return {"runs": list(runs.values())}
+    doc = {"runs": list(runs.values())}
+    plot = Path(path).resolve().parent / WALLTIME_PLOT  # the run folder's overview plot, written at its end
+    if plot.exists():
+        doc["walltime_plot"] = str(plot)
+    return doc
 
 
 def cell_text(rec, markdown=False):
@@ -128,9 +136,11 @@ def footnotes(run):
                 known = f" known failure {rec['known_failure']} {rec.get('known_failure_link')}" \
                     if rec.get("known_failure") else ""
                 lines.append(f"{rec['id']}: [{rec['status']}{cls}{rank}]{known} {rec.get('error_line') or ''}")
+                if not rec.get("known_failure"):  # what a new known-failures entry's `error` would match
+                    lines.append(f"    signature: {_signature(rec)[:300]}")
             lines.append(f"    logs: {rec.get('log_dir', '')}")
         if rec.get("plot"):
-            lines.append(f"    loss curve: {rec['plot']}")
+            lines.append(f"    loss and grad-norm curves: {rec['plot']}")
     compared = [rec for rec in run["cells"] if rec.get("numerics")]
     if compared:
         lines.append("numerics (≡ bitwise equal to the baseline, ≈ within the lane's tolerance):")
@@ -235,22 +245,23 @@ def render_md(doc):
         models = OrderedDict()
         for rec in run["cells"]:
             models.setdefault(rec["axes"].get("model", ""), []).append(rec)
+        out.extend(status_view_md(run))
         for model, cells in models.items():
             out.append(f"## {model or meta.get('matrix', '?')} — profile {meta.get('profile', '?')}{tier}")
             out.append("")
             out.append(f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, {versions}, "
-                       f"{meta.get('date', '')}")
+                       f"{meta.get('date', '')}{where_line(meta)}")
             out.append("")
-            sub = {"meta": meta, "cells": [], "dropped": [dict(d, row=_strip(d["row"], model)) for d in run["dropped"]
+            sub = {"meta": meta, "cells": [], "dropped": [dict(d, row=strip_model(d["row"], model)) for d in run["dropped"]
                                             if d["axes"].get("model", "") == model]}
             for rec in cells:
                 symbol = "🔁" if rec.get("flaky") else STATUS_MD.get(rec["status"], rec["status"])
-                mark = MARKS.get(changes.get(f"{meta.get('matrix')}::{rec['id']}", ""), "")
+                mark = MARKS.get(changes.get(key(meta, rec), ""), "")
                 note = _note(rec)
                 if note:
                     notes.append(note)
                     symbol += f"[^{len(notes)}]"
-                sub["cells"].append({**rec, "row": _strip(rec["row"], model), "status": symbol + mark})
+                sub["cells"].append({**rec, "row": strip_model(rec["row"], model), "status": symbol + mark})
             headers, body = grid(sub, markdown=False, symbols=False)
             out.append(tabulate(body, headers=headers, tablefmt="github"))
             out.append("")
@@ -260,10 +271,94 @@ def render_md(doc):
     if notes:
         out.extend(f"[^{i}]: {note}" for i, note in enumerate(notes, 1))
         out.append("")
+    if doc.get("walltime_plot"):
+        out.extend([f"Wall time per cell: [{Path(doc['walltime_plot']).name}]({doc['walltime_plot']})", ""])
     return "\n".join(out)
 
 
-def _strip(row, model):
+def where_line(meta):
+    """Host, GPUs and source revisions of the run, where its meta record has them."""
+    parts = [f"host {meta['host']}"] if meta.get("host") else []
+    if "gpus" in meta:
+        parts.append(f"GPUs: {', '.join(meta['gpus']) or 'none'}")
+    parts.extend(f"{k} rev {v[:12]}" for k, v in (meta.get("revisions") or {}).items())
+    return "; " + ", ".join(parts) if parts else ""
+
+
+# the features of the status-tracking issue (torchtitan 1980), each the axis values that turn it on
+FEATURE_GROUPS = (
+    ("Parallelisms", {"dp_replicate": "DDP / HSDP (dp_replicate > 1)", "dp_shard": "FSDP (dp_shard > 1)",
+                      "tp": "TP (tp > 1)", "ep": "EP (ep > 1)", "etp": "ETP (etp > 1)", "cp": "CP (cp > 1)",
+                      "pp": "PP (pp > 1)"}),
+    ("Compile modes", {"compile": "compile {}", "backend": "backend {}"}),
+    ("Memory policies", {"memory_policy": "memory policy {}", "ac": "activation checkpointing {}"}),
+    ("PP schedules", {"pp_schedule": "{}"}),
+    ("Models", {"model": "{}"}),
+    ("Features", {"feature": "{}", "trainer": "trainer {}"}),
+)
+FEATURE_STATES = ("Done", "In progress", "Failing", "Not run")
+
+
+def features(run):
+    """[(group, [(feature, state, cells, entries)])] of one matrix, rolled up from its cells: Done where every
+    cell with the feature that ran passed, In progress where the others are known failures (entries: their
+    (id, link)), Failing where one failed with a new error, Not run where none ran."""
+    out = []
+    for group, axes in FEATURE_GROUPS:
+        rows = []
+        for axis, label in axes.items():
+            values = list(dict.fromkeys(rec["axes"][axis] for rec in run["cells"] if axis in rec["axes"]))
+            for value in values:
+                if isinstance(value, int) and not isinstance(value, bool):
+                    cells = [r for r in run["cells"] if (r["axes"].get(axis) or 0) > 1]
+                    name = label
+                elif value == "none":
+                    continue
+                else:
+                    cells = [r for r in run["cells"] if r["axes"].get(axis) == value]
+                    name = label.format(value)
+                if cells and all(name != r[0] for r in rows):
+                    rows.append((name, *_state(cells)))
+        if rows:
+            out.append((group, rows))
+    return out
+
+
+def _state(cells):
+    ran = [r for r in cells if r["status"] != "skipped"]
+    entries = list(dict.fromkeys((r["known_failure"], r.get("known_failure_link")) for r in cells
+                                 if r.get("known_failure") and r["status"] in ("xfailed", "skipped")))
+    if any(r["status"] == "failed" for r in ran):
+        state = "Failing"
+    elif entries:
+        state = "In progress"
+    elif ran:
+        state = "Done"
+    else:
+        state = "Not run"
+    return state, cells, entries
+
+
+def status_view_md(run):
+    """The status by feature, in the tracking issue's shape: a checklist per group with the entries' links."""
+    groups = features(run)
+    if not groups:
+        return []
+    out = [f"## Status by feature — profile {run['meta'].get('profile', '?')}", "",
+           "Rolled up from the cells below: Done where every cell with the feature passes, In progress where the "
+           "others fail as known failures, Failing where one fails with a new error, Not run where none ran.", ""]
+    for group, rows in groups:
+        out.append(f"**{group}**")
+        out.append("")
+        for name, state, cells, entries in rows:
+            passed = sum(1 for r in cells if r["status"] in ("passed", "xpassed"))
+            links = "; known failures: " + ", ".join(f"[`{e}`]({link})" for e, link in entries) if entries else ""
+            out.append(f"- [{state}] {name}: {passed} of {len(cells)} cells pass{links}")
+        out.append("")
+    return out
+
+
+def strip_model(row, model):
     """The row label without the model (each model has its own table)."""
     if model and row.startswith(model):
         return row[len(model):].strip() or "-"
@@ -274,6 +369,11 @@ def _note(rec):
     if rec["status"] in ("xfailed", "skipped") and rec.get("known_failure"):
         return (f"`{rec['id']}`: known failure `{rec['known_failure']}` ({rec.get('known_failure_link')}): "
                 f"{rec.get('error_line') or rec.get('verdict') or ''}")
+    plot = f" ([loss and grad-norm curves]({rec['plot']}))" if rec.get("plot") else ""
+    if rec["status"] == "failed" and rec.get("failure_class") and plot:
+        return f"`{rec['id']}`: {rec.get('failure_class')}: {rec.get('error_line') or ''}{plot}"
+    if rec["status"] == "failed" and not rec.get("failure_class"):  # a known failure the gate saw pass
+        return f"`{rec['id']}`: {rec.get('verdict', '')}"
     if rec["status"] == "failed":
         return f"`{rec['id']}`: {rec.get('failure_class')}: {rec.get('error_line') or ''}"
     if rec["status"] == "xpassed":
@@ -281,42 +381,139 @@ def _note(rec):
     return None
 
 
+def key(meta, rec):
+    """A cell's key across runs: profile (and tier) and cell id, never the matrix file's path, which depends
+    on the rootdir a run started from (CI and a laptop name the same file differently)."""
+    tier = "[trace]" if meta.get("tier") == "trace" else ""
+    return f"{meta.get('profile')}{tier}::{rec['id']}"
+
+
+def broken(rec):
+    """Whether a stored cell's run failed (a known failure too); None where it did not run. A known failure
+    that passed is not broken, whether the gate made it a failure (no failure class) or an XPASS."""
+    status = rec.get("status")
+    if status in ("skipped", "dropped", None):
+        return None
+    if status == "failed":
+        return bool(rec.get("failure_class")) or not rec.get("known_failure")
+    return status == "xfailed"
+
+
+def _signature(rec):
+    return rec.get("signature") or signature(rec.get("error_text") or rec.get("error_line"))
+
+
 def compare_runs(old_doc, new_doc):
-    """{"matrix::id": "newly broken" | "newly fixed" | "changed signature"} between two runs."""
+    """{key: "newly broken" | "newly fixed" | "changed signature"} between two runs (cells in both that ran
+    in both; see ``key``)."""
     def index(doc):
-        return {f"{run['meta'].get('matrix')}::{rec['id']}": rec for run in doc["runs"] for rec in run["cells"]}
+        return {key(run["meta"], rec): rec for run in doc["runs"] for rec in run["cells"]}
 
     old, changes = index(old_doc), {}
-    for key, rec in index(new_doc).items():
-        before = old.get(key)
-        if before is None:
+    for k, rec in index(new_doc).items():
+        before = old.get(k)
+        was, now = (None, None) if before is None else (broken(before), broken(rec))
+        if was is None or now is None:
             continue
-        was_bad = before["status"] == "failed" or before["status"] == "xfailed"
-        is_bad = rec["status"] in ("failed", "xfailed")
-        if is_bad and not was_bad:
-            changes[key] = "newly broken"
-        elif was_bad and not is_bad and rec["status"] != "skipped":
-            changes[key] = "newly fixed"
-        elif was_bad and is_bad and before.get("signature") != rec.get("signature"):
-            changes[key] = "changed signature"
+        if now and not was:
+            changes[k] = "newly broken"
+        elif was and not now:
+            changes[k] = "newly fixed"
+        elif was and now and _signature(before) != _signature(rec):
+            changes[k] = "changed signature"
     return changes
 
 
+def change_lines(changes):
+    """(text, is_good) per change, for the terminal and the report tool alike."""
+    return [(f"{change}: {k}", change == "newly fixed") for k, change in changes.items()] or [("no cell changed", True)]
+
+
+def known_for(path, doc):
+    """A known-failures file loaded to re-judge a stored run: conditions may name the run's axes, the shipped
+    profiles' axes and upstream's (an entry for another matrix simply matches nothing here)."""
+    from .matrix import MatrixError, load_matrix
+    from .profiles import MATRIX_DIR
+    from .upstream import UPSTREAM_AXES
+
+    names = set(UPSTREAM_AXES) | {a for run in doc["runs"] for rec in run["cells"] + run["dropped"] for a in rec["axes"]}
+    for p in MATRIX_DIR.glob("*.yaml"):
+        try:
+            names |= set(load_matrix(p).axes)
+        except MatrixError:
+            pass  # an upstream-sourced profile whose torchtitan is not installed here
+    return load_known_failures(path, names)
+
+
+def rejudged(doc, known, gate=False):
+    """The run with every cell judged again against ``known`` (verdict.rejudge), the environment read from each
+    matrix's meta record."""
+    runs = []
+    for run in doc["runs"]:
+        meta = run["meta"]
+        v = meta.get("versions") or {}
+        env = {"profile": meta.get("profile"), "target": meta.get("target"), "device": meta.get("device"),
+               "tier": meta.get("tier", "real"), "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
+        runs.append({**run, "cells": [rejudge(rec, known, env, gate) for rec in run["cells"]]})
+    return {**doc, "runs": runs}
+
+
+SHIPPED_KNOWN_FAILURES = Path(__file__).resolve().parent.parent / "known_failures.yaml"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m pytest_simplefsdp.report",
-                                     description="Render a stored simplefsdp run (JSON or JSON lines).")
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_simplefsdp.report",
+        description="Render a stored simplefsdp run (JSON or JSON lines), judged again against a known-failures "
+                    "file, optionally compared with an older run.")
     parser.add_argument("run", help="a --simplefsdp-json document or a run's results.jsonl")
-    parser.add_argument("--format", choices=("text", "md", "json"), default="text")
+    parser.add_argument("--format", choices=("text", "md", "json"), default="text",
+                        help="text (the terminal table), md (the status markdown), json (the run document)")
+    parser.add_argument("--known-failures", metavar="YAML", type=Path, default=None,
+                        help=f"re-judge every cell against this file (default: the shipped {SHIPPED_KNOWN_FAILURES.name})")
+    parser.add_argument("--as-stored", action="store_true",
+                        help="show the verdicts the run stored, without judging again")
+    parser.add_argument("--gate", action="store_true", help="judge as --simplefsdp-gate does (XPASS fails)")
+    parser.add_argument("--compare", metavar="OLD", type=Path,
+                        help="an older stored run: list newly broken, newly fixed and changed-signature cells "
+                             "(matched by profile and cell id) and mark them in the tables")
+    parser.add_argument("--html", metavar="DIR", type=Path,
+                        help="also write the run as a static HTML page (DIR/index.html)")
     args = parser.parse_args(argv)
-    try:
-        doc = load_run(args.run)
-    except OSError as e:
-        parser.error(f"{args.run}: {e.strerror}")
+    if args.as_stored and (args.known_failures or args.gate):
+        parser.error("--as-stored shows the stored verdicts: it takes no --known-failures or --gate")
+    doc = _load(parser, args.run)
+    old = _load(parser, args.compare) if args.compare else None
+    if not args.as_stored:
+        path = args.known_failures or SHIPPED_KNOWN_FAILURES
+        try:
+            doc = rejudged(doc, known_for(path, doc), args.gate)
+        except OSError as e:
+            parser.error(f"--known-failures: {path}: {e.strerror}")
+        except MatrixError as e:
+            raise SystemExit(f"--known-failures: {e}") from None
+        print(f"re-judged against {path}", file=sys.stderr)
+    if old is not None:
+        doc["comparison"] = compare_runs(old, doc)
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
-    else:  # byte for byte what --simplefsdp-status-md wrote for the same run
+    else:  # byte for byte what --simplefsdp-status-md wrote for the same run and known failures
         sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc) + "\n")
+    if old is not None and args.format == "text":
+        sys.stdout.write(f"changes since {args.compare}:\n")
+        sys.stdout.writelines(f"  {line}\n" for line, _ in change_lines(doc["comparison"]))
+    if args.html:
+        from . import page
+
+        print(f"html: {page.write(doc, args.html)}", file=sys.stderr)
     return 0
+
+
+def _load(parser, path):
+    try:
+        return load_run(path)
+    except OSError as e:
+        parser.error(f"{path}: {e.strerror}")
 
 
 if __name__ == "__main__":

@@ -145,11 +145,14 @@ class CellRunner:
             line = f"the run does not show its label: {contradicted[0].line()}"
             result.fail(FailureClass.INVALID_CONFIG, line)
 
+    def seed_spec(self, run, model, command, folder, port=None) -> LaunchSpec:
+        return LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), port or free_port(),
+                          self.settings.log_limit_bytes)
+
     def run_seed(self, run, model, command, folder) -> CellResult | None:
         """One rank that writes the model's seed checkpoint; None when it did, else its failed result."""
         self.prepare(run)  # the seed reads the target's assets too
-        spec = LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), free_port(),
-                          self.settings.log_limit_bytes)
+        spec = self.seed_spec(run, model, command, folder)
         outcome = self.launcher.launch(spec)
         if (folder / "checkpoint" / "step-0").is_dir():
             return None

@@ -7,6 +7,7 @@ with which *error* (a regex searched in the cell's normalised error signature), 
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ def signature(error_text: str | None) -> str:
     text = re.sub(r"\[rank\d+\]:?", "", error_text)
     text = re.sub(r"\b0x[0-9a-fA-F]+\b", "0xADDR", text)
     text = re.sub(r"(?<![\w.])(/[\w.\-+]+)+/?", "<path>", text)
-    text = re.sub(r"\d+", "N", text)
+    text = re.sub(r"0xADDR|\d+", lambda m: m.group(0) if m.group(0) == "0xADDR" else "N", text)  # (not NxADDR)
     text = re.sub(r"\s+", " ", text).strip()
     return text[:2000]
 
@@ -62,6 +63,7 @@ class Entry:
     classes: list = field(default_factory=list)
     where: str = ""
     pattern: object = None
+    foreign: bool = False  # its `profile` condition names only profiles not loaded here: its axes are not checked
 
     def label(self):
         return f"{self.id} ({self.link})"
@@ -108,8 +110,10 @@ class KnownFailures:
         return [e for e in self.entries if applies(e, axes, env)]
 
 
-def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownFailures:
-    """Load and validate; every problem is a MatrixError naming file, line and entry id."""
+def load_known_failures(path, axis_names: set, allow_todo_links=False, profiles=None) -> KnownFailures:
+    """Load and validate; every problem is a MatrixError naming file, line and entry id. ``profiles``: the
+    profiles known here; an entry whose `profile` condition names none of them is for another matrix (its
+    conditions' axes are that matrix's): loaded, marked foreign, its axes unchecked."""
     path = Path(path)
     doc = load_yaml(path)
     if doc is None:
@@ -118,7 +122,7 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownF
         raise MatrixError(f"{path}:1: known failures must be a YAML list of entries")
     entries, ids = [], {}
     for i, node in enumerate(doc):
-        entry = _entry(path, node, line_of(path, doc, index=i), axis_names, allow_todo_links)
+        entry = _entry(path, node, line_of(path, doc, index=i), axis_names, allow_todo_links, profiles)
         if entry.id in ids:
             raise MatrixError(f"{line_of(path, node, key='id')}: duplicate entry id {entry.id!r} "
                               f"(first at {ids[entry.id]})")
@@ -127,7 +131,7 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False) -> KnownF
     return KnownFailures(path, entries)
 
 
-def _entry(path, node, where, axis_names, allow_todo_links) -> Entry:
+def _entry(path, node, where, axis_names, allow_todo_links, profiles=None) -> Entry:
     if not isinstance(node, dict):
         raise MatrixError(f"{where}: an entry must be a mapping with keys {', '.join(ENTRY_KEYS)}")
     eid = str(node.get("id", "?"))
@@ -148,7 +152,10 @@ def _entry(path, node, where, axis_names, allow_todo_links) -> Entry:
         raise MatrixError(f"{at('kind')}: kind {node['kind']!r} is not one of {', '.join(KINDS)}")
     if not isinstance(node["when"], dict):
         raise MatrixError(f"{at('when')}: `when` must map axes to values")
-    _check_when(path, node["when"], eid, axis_names)
+    named = node["when"].get("profile")
+    named = set(plain(named) if isinstance(named, list) else [named]) if named else set()
+    foreign = profiles is not None and bool(named) and not named & set(profiles)
+    _check_when(path, node["when"], eid, None if foreign else axis_names)
     classes = plain(node.get("classes") or [])
     unknown = [c for c in (classes if isinstance(classes, list) else [classes]) if c not in set(FailureClass)]
     if unknown or not isinstance(classes, list):
@@ -156,13 +163,13 @@ def _entry(path, node, where, axis_names, allow_todo_links) -> Entry:
                           f"({', '.join(c.value for c in FailureClass)})")
     pattern = _pattern(str(node["error"]), at("error")) if node.get("error") else None
     return Entry(eid, plain(node["when"]), str(node.get("error") or ""), node["kind"], link, str(node["reason"]),
-                 classes, where, pattern)
+                 classes, where, pattern, foreign)
 
 
 def _check_when(path, when, eid, axis_names):
     for key, cond in when.items():
         kwhere = line_of(path, when, key=key)
-        if key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
+        if axis_names is not None and key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
             raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
                               f"{', '.join(sorted(axis_names))}; environment: "
                               f"{', '.join(sorted(ENV_KEYS | VERSION_KEYS))}")
@@ -227,6 +234,41 @@ def judge(result, entries: list, gate: bool) -> Verdict:
     return Verdict("failed")
 
 
+def apply(result, entries: list, gate: bool) -> Verdict:
+    """Judge a result and write the verdict into it: status, verdict text, flaky, signature, known failure."""
+    verdict = judge(result, entries, gate)
+    result.signature = signature(result.error_text or result.error_line)
+    result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
+    result.known_failure = verdict.entry.id if verdict.entry else None
+    result.known_failure_link = verdict.entry.link if verdict.entry else None
+    return verdict
+
+
+def rejudge(rec: dict, known: KnownFailures, env: dict, gate: bool = False) -> dict:
+    """A stored cell's record judged again against a known-failures file (a run rendered elsewhere, or after
+    the file changed): what the run did (passed, or failed with which class and error) is kept; the verdict,
+    the known failure and the pytest outcome are redone. Mutated runs keep their mutation verdict."""
+    from .results import CellResult
+
+    if rec.get("mutant"):
+        return rec
+    entries = known.for_cell(rec["axes"], env)
+    if rec["status"] == "skipped":  # it never ran: only a skip entry can say why now
+        skip = next((e for e in entries if e.kind == "skip"), None)
+        if skip:
+            return dict(rec, known_failure=skip.id, known_failure_link=skip.link, verdict=skip.reason)
+        if rec.get("known_failure"):
+            return dict(rec, known_failure=None, known_failure_link=None,
+                        verdict=f"not run: entry {rec['known_failure']} skipped it; no skip entry applies now")
+        return rec
+    result = CellResult.from_record(rec)
+    result.status = Status.FAILED if rec.get("failure_class") else Status.PASSED  # before any verdict
+    apply(result, entries, gate)
+    fresh = result.record()
+    return {**rec, **{k: fresh[k] for k in ("status", "verdict", "flaky", "signature", "known_failure",
+                                            "known_failure_link")}}
+
+
 def could_apply(entry: Entry, axes: dict, env: dict) -> bool:
     """Whether an entry matches a cell in some environment (versions and tier are not checked)."""
     fixed = {k: v for k, v in entry.when.items() if k not in VERSION_KEYS and k != "tier"}
@@ -234,41 +276,81 @@ def could_apply(entry: Entry, axes: dict, env: dict) -> bool:
 
 
 def update_file(path, new_failures, passing_entries, date):
-    """Rewrite a known-failures file in place (comments and order of untouched entries kept).
+    """Update a known-failures file in place, as a person would edit it: every untouched line stays byte for
+    byte (quoting, comments, order).
 
-    ``new_failures``: (profile, CellResult) of failures no entry explained -> entries with
-    ``link: TODO``. ``passing_entries``: ids of xfail entries all of whose cells passed -> removed.
-    Returns the lines to report.
-    """
+    ``new_failures``: (profile, CellResult) of failures no entry explained. A cell whose own entry (the id this
+    update gives it) expects another error gets that entry's ``error`` replaced (a changed signature); any
+    other becomes a new entry at the end with ``link: TODO``. ``passing_entries``: ids of xfail entries all of
+    whose cells passed: removed with the comment lines directly above them (a comment block set apart by a
+    blank line is a section heading and stays). Returns the lines to report."""
     from ruamel.yaml import YAML
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.comments import CommentedMap
 
     path = Path(path)
-    yaml = YAML(typ="rt")
-    yaml.indent(mapping=2, sequence=2, offset=0)
-    yaml.width = 4096
-    doc = yaml.load(path.read_text()) if path.exists() else None
-    doc = doc if doc is not None else CommentedSeq()
-    changes = []
-    for i in reversed(range(len(doc))):
-        if doc[i].get("id") in passing_entries:
-            changes.append(f"removed {doc[i]['id']}: every cell it covers passed")
-            del doc[i]
-    ids = {e.get("id") for e in doc}
+    text = path.read_text() if path.exists() else ""
+    doc = YAML(typ="rt").load(text) if text.strip() else None
+    doc = doc if doc is not None else []
+    lines = text.splitlines(keepends=True)
+    spans = _entry_spans(lines, [e.lc.line for e in doc])
+    ids = {e.get("id"): i for i, e in enumerate(doc)}
+    drop, changes, added = set(), [], []
+    for eid in passing_entries:
+        if eid in ids:
+            first, last = spans[ids[eid]]
+            while first > 0 and lines[first - 1].lstrip().startswith("#"):
+                first -= 1  # the entry's own comment
+            drop.update(range(first, last + 1))
+            changes.append(f"removed {eid}: every cell it covers passed")
+    dumper = YAML(typ="rt")
+    dumper.indent(mapping=2, sequence=2, offset=0)
+    dumper.width = 4096
     for profile, result in new_failures:
         eid = f"{profile}-{result.id}"
+        pattern = _escape(" ".join((result.signature or "").split(" ")[:12]))
         if eid in ids:
+            first, last = spans[ids[eid]]
+            at = next((n for n in range(first, last + 1) if re.match(r"\s*(- )?error:", lines[n])), None)
+            if at is None or doc[ids[eid]].get("error") == pattern:
+                continue
+            indent = re.match(r"\s*(- )?", lines[at]).group(0)
+            lines[at] = f"{indent}error: {_scalar(dumper, pattern)}  # signature changed {date}\n"
+            changes.append(f"changed signature: {eid} now expects /{pattern}/ (was /{doc[ids[eid]].get('error')}/)")
             continue
-        ids.add(eid)
+        if eid in added:
+            continue
         when = CommentedMap([("profile", profile), *result.axes.items()])
         when.fa.set_flow_style()
-        first = (result.signature or "").split(" ")
-        pattern = re.escape(" ".join(first[:12]))
         entry = CommentedMap([("id", eid), ("when", when), ("error", pattern), ("kind", "xfail"),
                               ("link", "TODO"), ("reason", f"{result.failure_class}: "
                                                            f"{(result.error_line or '')[:160]} (first seen {date})")])
-        doc.append(entry)
+        added.append(eid)
+        out = io.StringIO()
+        dumper.dump([entry], out)
+        lines.append(("" if not lines or lines[-1].endswith("\n") else "\n") + out.getvalue())
         changes.append(f"added {eid} (link: TODO; fill it in before the file loads again)")
-    with open(path, "w") as f:
-        yaml.dump(doc, f)
+    path.write_text("".join(line for n, line in enumerate(lines) if n not in drop))
     return changes
+
+
+def _escape(text):
+    """A literal as a regex, spaces left readable (re.escape writes them as "\\ ")."""
+    return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
+
+
+def _entry_spans(lines, starts):
+    """(first, last) line of each top-level entry: from its line to its last line that is not blank or a comment
+    (comments after an entry belong to what follows it)."""
+    spans = []
+    for i, first in enumerate(starts):
+        last = (starts[i + 1] if i + 1 < len(starts) else len(lines)) - 1
+        while last > first and (not lines[last].strip() or lines[last].lstrip().startswith("#")):
+            last -= 1
+        spans.append((first, last))
+    return spans
+
+
+def _scalar(dumper, value):
+    out = io.StringIO()
+    dumper.dump(value, out)
+    return out.getvalue().splitlines()[0].removesuffix(" ...").strip()

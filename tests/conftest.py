@@ -36,6 +36,22 @@ def fake_matrix(modes=("pass",), ranks=(2,), extra="", args="", steps=3, timeout
         """) + textwrap.dedent(extra)
 
 
+KF = """\
+- id: fake-known
+  when: {mode: fail}
+  error: 'fake failure'
+  kind: xfail
+  link: https://github.com/pytorch/torchtitan/pull/1529
+  reason: a known fake failure
+"""  # a known-failures file for the fake target's `fail` mode
+
+
+def report_tool(*args, cwd=None):
+    """python -m pytest_simplefsdp.report, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)
+
+
 @pytest.fixture
 def run_matrix(pytester):
     """Write a matrix file and run pytest on it in a subprocess; returns the RunResult."""

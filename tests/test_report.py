@@ -6,19 +6,9 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-from conftest import fake_matrix
+from conftest import KF, fake_matrix, report_tool
 from pytest_simplefsdp.results import last_exception
 from pytest_simplefsdp.verdict import signature
-
-KF = """\
-- id: fake-known
-  when: {mode: fail}
-  error: 'fake failure'
-  kind: xfail
-  link: https://github.com/pytorch/torchtitan/pull/1529
-  reason: a known fake failure
-"""
-
 
 def test_status_md_is_regenerated_byte_for_byte_from_json(run_matrix, pytester):
     kf = pytester.path / "kf.yaml"
@@ -33,9 +23,10 @@ def test_status_md_is_regenerated_byte_for_byte_from_json(run_matrix, pytester):
            "RuntimeError: fake failure on purpose" in text
     assert "[^2]: `segv-r2`: crash: rank 1 killed by SIGSEGV" in text
     for source in (js, pytester.path / "runs" / "results.jsonl"):
-        again = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(source), "--format", "md"],
-                               capture_output=True, text=True, check=True).stdout
-        assert again == text
+        for judged in (["--known-failures", str(kf)], ["--as-stored"]):  # judged again with the same file, or not
+            again = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(source), "--format", "md",
+                                    *judged], capture_output=True, text=True, check=True).stdout
+            assert again == text
 
 
 def test_compare_lists_and_marks_changes(run_matrix, pytester):
@@ -53,8 +44,8 @@ def test_compare_lists_and_marks_changes(run_matrix, pytester):
     first.write_text(json.dumps(doc))
     md = pytester.path / "status.md"
     result = run_matrix(text, f"--simplefsdp-compare={first}", f"--simplefsdp-status-md={md}")
-    result.stdout.fnmatch_lines(["*simplefsdp: changes since *first.json*", "newly fixed: fake.yaml::pass-r2",
-                                 "newly broken: fake.yaml::fail-r2", "changed signature: fake.yaml::exit3-r2"])
+    result.stdout.fnmatch_lines(["*simplefsdp: changes since *first.json*", "newly fixed: fake::pass-r2",
+                                 "newly broken: fake::fail-r2", "changed signature: fake::exit3-r2"])
     status = md.read_text()
     assert "✅🎉" in status and "❌[^1]🆕" in status and "❌[^2]🔀" in status
 
@@ -80,11 +71,6 @@ def test_junit_has_one_property_per_axis(run_matrix, pytester):
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert props["axis.mode"] == "fail" and props["axis.ranks"] == "2"
     assert props["failure_class"] == "runtime" and float(props["wall_s"]) > 0
-
-
-def report_tool(*args):
-    return subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", *map(str, args)],
-                          capture_output=True, text=True)
 
 
 def test_the_report_tool_refuses_malformed_input_naming_file_record_and_field(run_matrix, pytester):

@@ -1,0 +1,77 @@
+"""Progress while a matrix runs: each cell's expected time (from the newest stored run of the same profile,
+else a stated estimate per cell size), and after each cell how far the run is and when it should end."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+# seconds a cell of N ranks takes when no stored run says better: measured on 2 CPU cores (gloo, 3 steps,
+# debug models: 10 s to 2 min, most of it imports and tracing) and on GPU hosts (8-GPU debug cells ~1 min)
+ESTIMATE = {"cpu": lambda world: 20 + 10 * world, "cuda": lambda world: 60.0}
+
+
+def stored_walls(runs_dir: Path, profiles: set, newest=20) -> tuple[dict, str | None]:
+    """{profile[tier]::cell id: wall seconds} from the newest stored runs (results.jsonl) that ran cells of these
+    profiles, and the run folder the times come from (the newest first; an older run fills cells the newer
+    one did not run)."""
+    walls, source = {}, None
+    files = sorted(runs_dir.glob("*/results.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)[:newest]
+    for path in files:
+        metas, found = {}, False
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed run
+            if rec.get("type") == "meta":
+                metas[rec.get("matrix")] = rec
+            elif rec.get("type", "cell") == "cell" and rec.get("wall") and not rec.get("mutant"):
+                meta = metas.get(rec.get("matrix"), {})
+                if meta.get("profile") in profiles:
+                    tier = "[trace]" if meta.get("tier") == "trace" else ""
+                    walls.setdefault(f"{meta['profile']}{tier}::{rec['id']}", float(rec["wall"]))
+                    found = True
+        if found and source is None:
+            source = str(path.parent)
+    return walls, source
+
+
+class Progress:
+    """The run's cells in order with their expected seconds; ``finished`` takes what a cell really took."""
+
+    def __init__(self, expected: dict, jobs: int = 1, source: str | None = None):
+        self.expected = dict(expected)  # key -> expected seconds, for every selected cell
+        self.jobs = max(1, jobs)
+        self.source = source
+        self.done = {}  # key -> real seconds
+        self.start = time.monotonic()
+
+    def finished(self, key, wall):
+        self.done[key] = wall
+
+    def eta(self):
+        """Seconds left: what the remaining cells are expected to take, scaled by how the finished cells
+        compared with their own expectation (a loaded machine runs everything slower)."""
+        left = sum(v for k, v in self.expected.items() if k not in self.done)
+        planned = sum(self.expected.get(k, 0) for k in self.done)
+        pace = (sum(self.done.values()) / planned) if planned > 0 and self.done else 1.0
+        return left * pace / self.jobs
+
+    def line(self):
+        return (f"{len(self.done)}/{len(self.expected)} cells, {duration(time.monotonic() - self.start)} elapsed, "
+                f"ETA {duration(self.eta())}")
+
+
+def duration(seconds):
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
