@@ -500,6 +500,9 @@ class Controller:
         spec = self.runner.spec_for(run, cell, port=29500, seed=job[1] if job else None)
         tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]"
                       + (f"  {note}" if note else ""))
+        for step in run.target.before_steps(cell):  # (e.g. precompile: one process, before the ranks)
+            before = self.runner.step_spec(run, cell, step, seed=job[1] if job else None, port=29500)
+            tr.write_line(f"  first, the {step} step [1 process]: {self.runner.launcher_for(run).reproducer(before)}")
         tr.write_line(f"  {self.runner.launcher_for(run).reproducer(spec)}")
         plan = run.target.evidence_plan(cell)
         if plan:

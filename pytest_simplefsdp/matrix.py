@@ -39,7 +39,8 @@ TOP_KEYS = {
     "features": "name -> torchtitan flags (\"--compile.passes auto_bucketing\") that a cell whose `feature` axis "
                 "takes that name adds: what upstream tests set beyond the axes (passes, async TP, EP overlap, ...); "
                 "or {flags: [...], then: [[...], ...]}: each `then` entry is one more run of the cell in the same "
-                "dump folder (resuming its checkpoint), with those flags on top",
+                "dump folder (resuming its checkpoint), with those flags on top; `before: precompile` runs the "
+                "target's step of that name first (one process) and the cell with what it made",
     "numerics": "compare losses, gradient and parameter norms with a baseline: {global_batch_size, baseline, "
                 "lanes: [{name, match, rtol, atol, max_miss, grad_rtol, grad_atol, grad_steps}]}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
@@ -125,6 +126,7 @@ class Matrix:
     groups: dict = field(default_factory=dict)  # name -> [Entry]
     features: dict = field(default_factory=dict)  # name -> [flag words] a cell with axis feature=<name> adds
     feature_runs: dict = field(default_factory=dict)  # name -> [[flag words] of each run after the first]
+    feature_before: dict = field(default_factory=dict)  # name -> [steps the target runs before the cell] (precompile)
     upstream: dict = field(default_factory=dict)  # source: upstream: test name -> upstream.UpstreamTest
     numerics: Numerics | None = None
     trace: dict | None = None  # the trace tier's overrides (see with_tier)
@@ -355,7 +357,7 @@ def _features(path, doc, axes, lines):
     node = doc.get("features") or {}
     if not isinstance(node, dict):
         raise MatrixError(f"{lines['features']}: `features` must map names to lists of flags")
-    features, runs = {}, {}
+    features, runs, before = {}, {}, {}
 
     def flag_list(value, where, what):
         if not isinstance(value, list) or not all(isinstance(f, str) and f.startswith("--") for f in value):
@@ -366,18 +368,26 @@ def _features(path, doc, axes, lines):
     for name, spec in node.items():
         where = line_of(path, node, key=name)
         if isinstance(spec, dict):
-            _check_keys(path, spec, {"flags": "", "then": ""}, f"features.{name}")
-            then = spec.get("then") or []
-            if not isinstance(then, list) or not then:
-                raise MatrixError(f"{where}: features.{name}.then must list the later runs' flags")
-            runs[str(name)] = [flag_list(t, where, f"feature {name!r}: each `then` run") for t in then]
+            _check_keys(path, spec, {"flags": "", "then": "", "before": ""}, f"features.{name}")
+            if "then" in spec or "before" not in spec:
+                then = spec.get("then") or []
+                if not isinstance(then, list) or not then:
+                    raise MatrixError(f"{where}: features.{name}.then must list the later runs' flags")
+                runs[str(name)] = [flag_list(t, where, f"feature {name!r}: each `then` run") for t in then]
+            if "before" in spec:  # steps the target knows how to run first (checked by the target: its STEPS)
+                steps = plain(spec["before"])
+                steps = [steps] if isinstance(steps, str) else steps
+                if not isinstance(steps, list) or not steps or not all(isinstance(x, str) for x in steps):
+                    raise MatrixError(f"{where}: features.{name}.before must name the steps run before the cell "
+                                      f"(e.g. precompile), got {plain(spec['before'])!r}")
+                before[str(name)] = steps
             spec = spec.get("flags") or []
         features[str(name)] = flag_list(spec, where, f"feature {name!r}")
     unknown = [v for v in axes.get("feature", []) if v != "none" and v not in features]
     if unknown:
         raise MatrixError(f"{line_of(path, doc['axes'], key='feature')}: axis 'feature' names {unknown}, which "
                           f"`features` does not define (defined: {', '.join(features) or 'none'})")
-    return {"features": features, "feature_runs": runs}
+    return {"features": features, "feature_runs": runs, "feature_before": before}
 
 
 def _groups(path, doc, axes):

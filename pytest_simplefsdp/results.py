@@ -197,7 +197,7 @@ def signal_name(code):
         return f"signal {-code}"
 
 
-def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
+def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> CellResult:
     """The result of a launch: losses and grad norms from the rank logs, and the first failure that
     explains the outcome (a launch error, a hang, a flood, a failing rank, the launcher, missing steps)."""
     res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
@@ -206,7 +206,8 @@ def build_result(cell, outcome, log_dir, expected_steps=None) -> CellResult:
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
     res.losses, res.grad_norms = cell_losses(texts)
-    failure = _stopped(outcome, texts, res) or _rank_failure(outcome, texts) or _no_steps(res, expected_steps)
+    failure = _stopped(outcome, texts, res) or _rank_failure(outcome, texts) or (
+        trains and _no_steps(res, expected_steps))  # (a step before the cell, e.g. precompile, trains nothing)
     if failure:
         res.fail(*failure)
     if outcome.timed_out and outcome.first_failed_rank is not None:

@@ -79,7 +79,11 @@ class CellRunner:
         if devices is not None:
             spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         launcher = self.launcher_for(run)
+        failed, steps = self._before(run, cell, seed, launcher, devices)
+        if failed is not None:
+            return failed
         result = self._launch(run, cell, spec, launcher)
+        result.details.extend(steps)
         if result.failure_class == FailureClass.INFRA and "is already in use" in (result.error_line or ""):
             # another process took the free port between our check and the bind: once more, elsewhere
             taken = result.error_line
@@ -111,6 +115,32 @@ class CellRunner:
         else:
             outcome = launcher.launch(spec)
         return build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
+
+    def step_spec(self, run, cell, step, seed=None, port=None) -> LaunchSpec:
+        """A step the cell's feature runs before it (e.g. precompile): one process, logs in <cell>/<step>/."""
+        cell_dir = self.cell_dir(run, cell.id)
+        command = run.target.step_command(cell, step, dump_folder=cell_dir / "dump", seed_folder=seed)
+        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir / step))
+        return LaunchSpec(f"{cell.id}-{step}", command, 1, cell_dir / step, self.cell_timeout(run),
+                          port or free_port(), self.settings.log_limit_bytes, device=run.matrix.device)
+
+    def _before(self, run, cell, seed, launcher, devices):
+        """The cell's steps before it, in order: (the result of the first that failed, else None; a line per step
+        that passed). A failed step is the cell's result, with its logs and reproducer."""
+        passed = []
+        for step in run.target.before_steps(cell):
+            spec = self.step_spec(run, cell, step, seed)
+            if devices is not None:
+                spec.command.env["CUDA_VISIBLE_DEVICES"] = str(devices[0])
+            spec.log_dir.mkdir(parents=True, exist_ok=True)
+            (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")
+            done = build_result(Cell(cell.id, cell.axes, cell.world), launcher.launch(spec), spec.log_dir, trains=False)
+            if done.status != Status.PASSED:
+                done.fail(done.failure_class, f"{step} step: {done.error_line}", done.failing_rank, done.error_text)
+                done.details.append(f"the {step} step ran before the cell (one process); its logs: {spec.log_dir}")
+                return done, passed
+            passed.append(f"the {step} step passed first ({done.wall:.0f} s, logs: {spec.log_dir})")
+        return None, passed
 
     def _later_runs(self, run, cell, result, devices, seed, launcher):
         """A feature's later runs (e.g. resume a checkpoint on another layout): each must pass and must have

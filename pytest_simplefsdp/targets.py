@@ -42,6 +42,7 @@ class RankCommand:
     env: dict = field(default_factory=dict)
     cwd: str | None = None
     preload: list = field(default_factory=list)  # modules a fork server imports once (beyond argv's)
+    virtual_local_rank: bool = False  # torchrun --virtual-local-rank: every worker LOCAL_RANK 0, its own GPU only
 
 
 FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
@@ -197,6 +198,23 @@ class TorchtitanTarget:
             return len(test.runs)
         return 1 + len(self.matrix.feature_runs.get(cell.axes.get("feature", "none"), []))
 
+    STEPS = ()  # the steps a feature can run before its cell (`features.<name>.before`)
+
+    def before_steps(self, cell) -> list:
+        """The steps the cell's feature runs first, in order (each one process; see ``step_command``); an upstream
+        precompile test's cell runs its precompile step."""
+        test = self.upstream_test(cell.axes)
+        if test:
+            return ["precompile"] if test.kind == "precompile" and "precompile" in self.STEPS else []
+        return list(self.matrix.feature_before.get(cell.axes.get("feature", "none"), []))
+
+    def check_steps(self):
+        for name, steps in self.matrix.feature_before.items():
+            unknown = [s for s in steps if s not in self.STEPS]
+            if unknown:
+                raise MatrixError(f"{self.matrix.where('features')}: features.{name}.before: target {self.name} has "
+                                  f"no step {', '.join(unknown)} (its steps: {', '.join(self.STEPS) or 'none'})")
+
     def upstream_test(self, axes):
         """The upstream test a cell of a ``source: upstream`` matrix runs, else None."""
         return self.matrix.upstream.get(axes.get("upstream")) if self.matrix.upstream else None
@@ -349,7 +367,15 @@ class Titan03(TorchtitanTarget):
             flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
         flags += [Flag(key, value, f"upstream {test.name} run {run + 1}") for key, value in options(test.runs[run]).items()
                   if key not in self.OURS]
-        return merged(flags)
+        return merged(flags + self.artifact_flags(cell, dump_folder))
+
+    def artifact_flags(self, cell, dump_folder: Path):
+        """Where the precompile step writes its artifact and the cell's ranks load it: the cell's own folder
+        (upstream's tests name a temporary folder)."""
+        if "precompile" not in self.before_steps(cell):
+            return []
+        return [Flag("compile.precompile_artifact_dir", Path(dump_folder).parent / "precompile_artifact",
+                     "step precompile")]
 
     def flags(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0):
         a, s = cell.axes, self.matrix.settings
@@ -372,6 +398,7 @@ class Titan03(TorchtitanTarget):
         flags.append(Flag("dump_folder", dump_folder, "target"))
         if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
             flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
+        flags += self.artifact_flags(cell, dump_folder)
         return merged(flags + self.feature_flags(a, run))  # last: a feature (and its later runs) has the last word
 
     def baseline_axes(self, axes):
@@ -452,7 +479,20 @@ class Titan03(TorchtitanTarget):
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         preload = [f"torchtitan.experiments.{module}.config_registry" if module.startswith("graph_trainer.")
                    else module]
-        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env, preload=preload)
+        # a precompiled artifact is rank-agnostic: every rank loads it as local rank 0 of its own GPU (upstream's
+        # run_train_precompile.sh passes torchrun --virtual-local-rank)
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env, preload=preload,
+                           virtual_local_rank="precompile" in self.before_steps(cell))
+
+    STEPS = ("precompile",)
+
+    def step_command(self, cell, step, dump_folder: Path, seed_folder: Path | None = None):
+        """``precompile``: graph_trainer's precompile_main, one process over a fake process group of the cell's
+        world, writes the compiled artifact the cell's training then loads (upstream's run_precompile_tests.py,
+        step 1). Same flags as the training; upstream's tool builds on cuda:0, so this runs on a GPU only."""
+        train = self.command(cell, dump_folder, seed_folder)
+        return RankCommand([sys.executable, "-m", "torchtitan.experiments.graph_trainer.precompile_main",
+                            *train.argv[3:]], dict(train.env), preload=train.preload)
 
 
 class Titan02(TorchtitanTarget):
@@ -549,6 +589,8 @@ class CommandTarget:
         self.argv = spec.get("command")
         self.env = spec.get("env") or {}
         self.expects = spec.get("evidence") or {}  # axis -> key of the record the program writes
+        self.steps = spec.get("steps") or {}  # step name -> its program (one process), run before a cell that asks
+        self.STEPS = tuple(self.steps)
         where = matrix.where("target")
         names = spec.get("mutants") or []  # bugs the program re-injects itself when SIMPLEFSDP_MUTANT names one
         if not isinstance(names, list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
@@ -556,16 +598,18 @@ class CommandTarget:
         self.MUTANTS = tuple(Mutant(n, f"declared by {matrix.path.name}", lambda a: True) for n in names)
         if not isinstance(self.argv, list) or not self.argv:
             raise MatrixError(f"{where}: target.command must be a non-empty list of arguments")
-        unknown = set(spec) - {"command", "env", "evidence", "mutants"}
+        unknown = set(spec) - {"command", "env", "evidence", "mutants", "steps"}
         if unknown:
             raise MatrixError(f"{where}: unknown target keys {sorted(unknown)}; allowed: command, env, evidence, "
-                              f"mutants")
+                              f"mutants, steps")
+        if not isinstance(self.steps, dict) or not all(isinstance(v, list) and v for v in self.steps.values()):
+            raise MatrixError(f"{where}: target.steps must map step names to non-empty argument lists")
         if not isinstance(self.expects, dict) or any(a not in matrix.axes for a in self.expects) or any(
                 "." not in str(k) for k in self.expects.values()):
             raise MatrixError(f"{where}: target.evidence must map axes ({', '.join(matrix.axes)}) to probe keys "
                               f"'<section>.<name>', got {self.expects!r}")
         known = set(matrix.axes) | set(matrix.settings) | {"python", "nproc", "port", "dump_folder", "matrix_dir"}
-        for part in [*self.argv, *self.env.values()]:
+        for part in [*self.argv, *self.env.values(), *(p for argv in self.steps.values() for p in argv)]:
             for _, name, _, _ in string.Formatter().parse(str(part)):
                 if name and name not in known:
                     raise MatrixError(f"{where}: target.command uses unknown placeholder {{{name}}}; "
@@ -603,16 +647,20 @@ class CommandTarget:
     # later runs of a feature work as for torchtitan's targets; the program says it loaded its checkpoint as
     # torchtitan does ("Finished loading the checkpoint")
     runs, upstream_test = TorchtitanTarget.runs, TorchtitanTarget.upstream_test
+    before_steps, check_steps = TorchtitanTarget.before_steps, TorchtitanTarget.check_steps
     LOADED, loaded_checkpoint = TorchtitanTarget.LOADED, TorchtitanTarget.loaded_checkpoint
 
-    def command(self, cell, dump_folder: Path, nproc: int, port: int, run=0, **_):
+    def command(self, cell, dump_folder: Path, nproc: int, port: int, run=0, program=None, **_):
         values = {**self.matrix.settings, **cell.axes, "python": sys.executable, "nproc": nproc,
                   "port": port, "dump_folder": dump_folder, "matrix_dir": self.matrix.path.parent.resolve()}
         name = cell.axes.get("feature", "none")  # a feature's flags go at the end, each later run's after them
         extra = [*self.matrix.features.get(name, []), *(self.matrix.feature_runs[name][run - 1] if run else [])]
-        argv = [str(p).format(**values) for p in self.argv] + list(tokens(extra))
+        argv = [str(p).format(**values) for p in (program or self.argv)] + list(tokens(extra))
         env = {k: str(v).format(**values) for k, v in self.env.items()}
         return RankCommand(argv, env, cwd=str(self.matrix.path.parent.resolve()))
+
+    def step_command(self, cell, step, dump_folder: Path, seed_folder=None):
+        return self.command(cell, dump_folder, nproc=1, port=0, program=self.steps[step])
 
 
 TARGETS = {Titan03.name: Titan03, Titan02.name: Titan02}
@@ -622,11 +670,14 @@ def make_target(matrix: Matrix, cache_dir: Path):
     """The matrix's target; ``cache_dir`` holds what it generates once (dataset, tokenizer)."""
     spec = matrix.target
     if isinstance(spec, dict):
-        return CommandTarget(matrix)
+        target = CommandTarget(matrix)
+        target.check_steps()
+        return target
     if spec not in TARGETS:
         raise MatrixError(f"{matrix.where('target')}: unknown target {spec!r}; built in: "
                           f"{', '.join(TARGETS)}, or {{command: [...]}} (plugins add more: "
                           f"pytest_simplefsdp_make_target)")
     target = TARGETS[spec](matrix, cache_dir)
     target.check()
+    target.check_steps()
     return target

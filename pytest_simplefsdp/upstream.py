@@ -356,6 +356,8 @@ def candidates(matrices) -> list[Candidate]:
             then = m.feature_runs.get(cell.axes.get("feature", "none"), [])
             if then:
                 features.update(later_runs([tokens(t) for t in then], first))
+            if "precompile" in m.feature_before.get(cell.axes.get("feature", "none"), []):
+                features["precompile step"] = True
             config = variant(target.job_config(cell.axes)[1], cell.axes.get("model", "")) if cell in cells else ""
             if config:
                 features["config"] = config

@@ -164,5 +164,29 @@ def test_the_shipped_upstream_profile_lists_the_installed_suite(pytester):
            if f"{profile}.yaml::" in line and " ranks, timeout " not in line]  # (not the dry run's commands)
     from pytest_simplefsdp.cells import value_id
 
-    dropped_here = {"upstream": 2, "titan02-upstream": 1}[profile]  # precompile steps; the model-less 0.2 test
+    dropped_here = {"upstream": 0, "titan02-upstream": 1}[profile]  # (the model-less 0.2 test)
     assert len(ids) == len(tests) - dropped_here and set(ids) <= {value_id(t.name) for t in tests}
+
+
+def test_upstreams_precompile_tests_are_covered_by_cells_that_precompile_first(pytester, monkeypatch):
+    """0.3's run_precompile_tests.py: each test is a cell of h100x8 whose precompile step (precompile_main, one
+    process) runs before its ranks, which load the artifact as torchrun --virtual-local-rank workers."""
+    try:
+        tests = [t for t in upstream.load() if t.kind == "precompile"]
+    except LookupError as e:
+        pytest.skip(str(e))
+    if not tests:
+        pytest.skip("the installed torchtitan has no precompile tests (0.2)")
+    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.upstream", "--format", "json"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = {r["name"]: r for r in json.loads(out)["tests"]}
+    assert {t.name: rows[t.name]["status"] for t in tests} == {t.name: "covered" for t in tests}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=h100x8", "--simplefsdp-dry-run",
+                                           "-k", "precompile")
+    result.stdout.fnmatch_lines([
+        "*h100x8.yaml::llama3-dp4-tp2-aot_fx_trace-mp_default-precompile  ?8 ranks*",
+        "  first, the precompile step ?1 process?: *-m torchtitan.experiments.graph_trainer.precompile_main "
+        "*--config graph_trainer_llama3_debugmodel_sdpa *--compile.precompile_artifact_dir *precompile_artifact*",
+        "*--nproc-per-node=8 * --virtual-local-rank -m torchtitan.train *--compile.precompile_artifact_dir "
+        "*precompile_artifact*"])

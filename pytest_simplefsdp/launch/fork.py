@@ -17,7 +17,7 @@ import psutil
 
 from ..targets import RankCommand
 from .local import LocalLauncher
-from .procs import MARKER, SESSION, die_with_parent, kill_procs, python_module, python_path, rank_env, rank_vars, \
+from .procs import MARKER, SESSION, die_with_parent, kill_procs, python_module, python_path, rank_env, worker_vars, \
     spawn, token_of
 from .supervisor import LaunchOutcome, LaunchSpec
 
@@ -124,7 +124,7 @@ class ForkLauncher(LocalLauncher):
         server = self._server(spec.command)
         module, args = python_module(spec.command.argv)
         base = rank_env(spec, token)
-        envs = [dict(base, **rank_vars(spec.first_rank + r, r, spec.nproc, token)) for r in range(spec.nproc)]
+        envs = [dict(base, **worker_vars(spec, r, base, token)) for r in range(spec.nproc)]
         logs = [str(spec.log_dir / f"rank{r}.log") for r in range(spec.nproc)]
         for r, log in enumerate(logs):
             out.rank_logs[r] = [Path(log)]

@@ -8,7 +8,7 @@ import shlex
 import signal
 import subprocess
 
-from .procs import cell_token, die_with_parent, kill_cell, quote_env, rank_env, rank_vars, spawn
+from .procs import cell_token, die_with_parent, kill_cell, quote_env, rank_env, spawn, worker_vars
 from .supervisor import LaunchOutcome, LaunchSpec, Supervisor
 
 
@@ -21,8 +21,10 @@ class LocalLauncher:
     def reproducer(self, spec: LaunchSpec):
         env = quote_env(spec.command.env)
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
+        virtual = spec.command.virtual_local_rank  # (each rank local rank 0 of its own GPU)
         ranks = " & ".join(
-            f"RANK={spec.first_rank + r} LOCAL_RANK={r} WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
+            f"RANK={spec.first_rank + r} LOCAL_RANK={0 if virtual else r}{f' CUDA_VISIBLE_DEVICES={r}' if virtual else ''} "
+            f"WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
             f"MASTER_ADDR=127.0.0.1 MASTER_PORT={spec.port} {env + ' ' if env else ''}{shlex.join(spec.command.argv)}"
             for r in range(spec.nproc))
         return f"{cd}{ranks} & wait"
@@ -62,7 +64,7 @@ class LocalLauncher:
         procs, files = {}, []
         try:
             for r in range(spec.nproc):
-                env = dict(base, **rank_vars(spec.first_rank + r, r, spec.nproc, token))
+                env = dict(base, **worker_vars(spec, r, base, token))
                 log = spec.log_dir / f"rank{r}.log"
                 out.rank_logs[r] = [log]
                 f = open(log, "wb")

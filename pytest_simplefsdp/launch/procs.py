@@ -193,6 +193,16 @@ def rank_vars(rank: int, local_rank: int, nproc: int, token: str):
             "TORCHELASTIC_RUN_ID": token}
 
 
+def worker_vars(spec, r: int, base: dict, token: str):
+    """Local worker ``r`` of a cell: torchrun's variables; under --virtual-local-rank (RankCommand.virtual_local_rank)
+    it is local rank 0 and sees only its own GPU, as torchrun makes it."""
+    out = rank_vars(spec.first_rank + r, r, spec.nproc, token)
+    if spec.command.virtual_local_rank:
+        visible = [d for d in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        out.update(LOCAL_RANK="0", CUDA_VISIBLE_DEVICES=visible[r] if r < len(visible) else str(r))
+    return out
+
+
 def quote_env(env: dict):
     return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
 

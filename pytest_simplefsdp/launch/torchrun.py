@@ -25,7 +25,8 @@ class TorchrunLauncher:
         """torchrun for the cell; ``nodes``: extra rendezvous options of a multi-node run."""
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc or spec.nproc}",
                 *nodes, f"--master-addr={addr}", f"--master-port={spec.port}", "--max-restarts=0",
-                f"--log-dir={log_dir or spec.log_dir / 'torchrun'}", "--redirects=3"]
+                f"--log-dir={log_dir or spec.log_dir / 'torchrun'}", "--redirects=3",
+                *(["--virtual-local-rank"] if spec.command.virtual_local_rank else [])]
         module = python_module(spec.command.argv)
         if module:
             return argv + ["-m", module[0], *module[1]]
@@ -35,6 +36,7 @@ class TorchrunLauncher:
         module = python_module(spec.command.argv)
         exe = Path(sys.executable).parent / "torchrun"  # the environment's own, so it runs from any shell
         head = f"{exe if exe.exists() else 'torchrun'} --nproc-per-node={spec.nproc} --master-port={spec.port}"
+        head += " --virtual-local-rank" if spec.command.virtual_local_rank else ""
         body = f"-m {module[0]} {shlex.join(module[1])}" if module else f"--no-python {shlex.join(spec.command.argv)}"
         cd = f"cd {shlex.quote(spec.command.cwd)} && " if spec.command.cwd else ""
         return f"{cd}{quote_env(spec.command.env)} {head} {body}".strip()

@@ -52,6 +52,7 @@ def main():
     p.add_argument("--flag", default=None, help="porttaken: the file whose absence makes this try fail")
     p.add_argument("--checkpoint", action="store_true", help="resume from <dump>/checkpoint, save there at the end")
     p.add_argument("--no-load", action="store_true", help="with --checkpoint: ignore the saved one (a broken resume)")
+    p.add_argument("--needs", default=None, help="a file a step before the cell must have written (its artifact)")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
@@ -59,6 +60,10 @@ def main():
     started = time.time()
     time.sleep(a.startup)
     target = a.rank if a.rank >= 0 else world + a.rank
+    if a.needs and not os.path.exists(a.needs):
+        raise RuntimeError(f"no precompiled artifact at {a.needs}")
+    if a.needs:
+        print(f"[titan] loaded the precompiled artifact {a.needs} as local rank {os.environ['LOCAL_RANK']}", flush=True)
     mutant = os.environ.get("SIMPLEFSDP_MUTANT")
     record = {}
     if a.tp is not None:
