@@ -26,7 +26,7 @@ from .options import settings
 from .profiles import MATRIX_DIR, MatrixRun, cuda_device_ids, matrix_files
 from .results import CellResult
 from .runner import CellRunner
-from .schedule import Packer
+from .schedule import Packer, plan
 from .store import ResultStore
 from .targets import ROOT
 from .progress import ESTIMATE, Progress, stored_walls
@@ -344,7 +344,7 @@ class Controller:
             k = item.run.key(item.cell.id)
             expected[k] = walls.get(k) or ESTIMATE[str(item.run.matrix.device)](item.cell.world)
         jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
-        return Progress(expected, min(jobs, len(cells) or 1), source)
+        return Progress(expected, min(jobs, len(cells) or 1), source, stored=set(walls) & set(expected))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report, config):
@@ -465,6 +465,8 @@ class Controller:
     def _dry_run_summary(self, tr):
         """Every job the run would launch, in the order it would: seed checkpoints, baselines, then the cells,
         each with its exact command (the cells' with the seed flags they will get)."""
+        if self.settings.plan is not None:
+            return self._plan(tr)
         seeds, baselines = {}, {}
         for run, cell in self.selected:
             job = self.book.seed_job(run, cell)
@@ -494,6 +496,36 @@ class Controller:
                           "run (a dry run launches and writes nothing)")
         if self.settings.coverage:
             self._coverage(tr)
+
+    def _plan(self, tr):
+        """--simplefsdp-plan: the selected cells packed as --simplefsdp-jobs=auto would pack them (GPU cells on
+        the visible or the named number of GPUs, CPU cells within the ranks budget), each with its expected time."""
+        from .progress import duration
+
+        want = self.settings.plan
+        gpus = [str(i) for i in range(want)] if isinstance(want, int) else cuda_device_ids()
+        budget = self.settings.max_ranks or os.cpu_count() or 1
+        for device in (Device.CUDA, Device.CPU):
+            items = [(r, c) for r, c in self.selected if r.matrix.device == device]
+            if not items:
+                continue
+            cells = [(r.key(c.id), c.world, self.progress.expected[r.key(c.id)]) for r, c in items]
+            on = f"{len(gpus)} GPUs" if device == Device.CUDA else f"a budget of {budget} CPU ranks"
+            tr.section(f"simplefsdp plan: {len(cells)} {device} cells on {on}")
+            rows = plan(cells, len(cells), budget, gpus if device == Device.CUDA else None)
+            for key, world, start, end, devs in rows:
+                where = f"GPUs {','.join(devs)}" if devs else f"{world} ranks"
+                when = "cannot run: more GPUs than planned for" if start is None else \
+                    f"{duration(start):>8} -> {duration(end):>8}"
+                tr.write_line(f"{when}  {where:<16} {key}")
+            serial = sum(s for _, _, s in cells)
+            ends = [end for *_, end, _ in rows if end is not None]
+            tr.write_line(f"expected: {duration(max(ends, default=0))} packed (--simplefsdp-jobs=auto), "
+                          f"{duration(serial)} one cell at a time (--simplefsdp-jobs=1)")
+        stored = sum(1 for k in self.progress.expected if k in self.progress.stored)
+        tr.write_line(f"times: {stored} of {len(self.progress.expected)} cells from stored runs"
+                      + (f" (newest: {self.progress.source})" if self.progress.source else "")
+                      + f"; the others estimated per cell size (CPU: 20 s + 10 s per rank; GPU: 60 s)")
 
     def _dry_run_job(self, tr, run, cell, note=""):
         job = self.book.seed_job(run, cell)

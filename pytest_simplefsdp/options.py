@@ -54,6 +54,18 @@ def jobs(name, value):
     return value if value == "auto" else int(value)
 
 
+def plan_devices(name, value):
+    """--simplefsdp-plan: "visible" (bare), or a number of GPUs to plan for."""
+    if value in (None, ""):
+        return None
+    if value == "visible":
+        return value
+    if not (str(value).isdigit() and int(value) > 0):
+        raise pytest.UsageError(f"--simplefsdp-{name}: expected a number of GPUs (or nothing: the visible ones), "
+                                f"got {value!r}")
+    return int(value)
+
+
 def existing_file(name, value):
     """A file that must exist when the run starts (not after every cell ran)."""
     if not value:
@@ -109,6 +121,7 @@ class Option:
     default: Any
     help: str
     parse: Callable[[str, Any], Any] = text
+    const: Any = None  # a string option that may also be given bare (--simplefsdp-plan): this value then
 
     @property
     def dest(self):
@@ -125,7 +138,9 @@ def add_options(parser, options):
             group.addoption(f"--simplefsdp-{o.name}", action="append", default=None, dest=o.dest, metavar="PATH",
                             help=o.help)
         else:
-            group.addoption(f"--simplefsdp-{o.name}", default=None, dest=o.dest, help=f"{o.help} [ini: {o.dest}]")
+            bare = {"nargs": "?", "const": o.const} if o.const is not None else {}
+            group.addoption(f"--simplefsdp-{o.name}", default=None, dest=o.dest, help=f"{o.help} [ini: {o.dest}]",
+                            **bare)
         parser.addini(o.dest, help=o.help, type=o.kind, default=o.default)
 
 
@@ -193,6 +208,10 @@ OPTIONS = [
                                        "for each SimpleFSDP integration test of the installed torchtitan, the cell "
                                        "of the shipped profiles that runs it or what is missing, and its known "
                                        "failures (also: python -m pytest_simplefsdp.upstream)", output_file),
+    Option("plan", "string", None, "print the plan instead of running: how the cells will be packed (the "
+                                   "visible GPUs, or --simplefsdp-plan=N GPUs; on CPU the ranks budget) and the "
+                                   "expected wall time, from the newest stored run of each profile, else an "
+                                   "estimate per cell size; launches nothing", plan_devices, const="visible"),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
                                                    "for new failures (link: TODO), remove entries whose cells all "
                                                    "passed; other entries, their order and comments are kept", flag),
@@ -223,11 +242,15 @@ class Settings:
     gate: bool
     mutants: str | None
     coverage: Path | None
+    plan: int | str | None
     update_known_failures: bool
 
     @classmethod
     def from_config(cls, config) -> "Settings":
-        return cls(**read(config, OPTIONS))
+        values = read(config, OPTIONS)
+        if values["plan"] is not None:  # a plan launches nothing, as a dry run
+            values["dry_run"] = True
+        return cls(**values)
 
     @property
     def log_limit_bytes(self) -> int:

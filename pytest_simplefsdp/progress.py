@@ -45,8 +45,9 @@ def stored_walls(runs_dir: Path, profiles: set, newest=20) -> tuple[dict, str | 
 class Progress:
     """The run's cells in order with their expected seconds; ``finished`` takes what a cell really took."""
 
-    def __init__(self, expected: dict, jobs: int = 1, source: str | None = None):
+    def __init__(self, expected: dict, jobs: int = 1, source: str | None = None, stored=frozenset()):
         self.expected = dict(expected)  # key -> expected seconds, for every selected cell
+        self.stored = set(stored)  # the keys whose time a stored run gave (the others are estimates)
         self.jobs = max(1, jobs)
         self.source = source
         self.done = {}  # key -> real seconds

@@ -15,6 +15,39 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 
+def fits(world, running, jobs, used, budget, free_devices, devices):
+    """Whether a cell of ``world`` ranks may start now: at most ``jobs`` cells; on GPU hosts enough free GPUs,
+    on CPU the ranks budget (a cell larger than the whole budget runs alone)."""
+    if running >= jobs:
+        return False
+    if devices:
+        return len(free_devices) >= world
+    return running == 0 or used + world <= budget
+
+
+def plan(cells, jobs, budget, devices=None):
+    """The packing the Packer does, simulated: ``cells`` [(key, world, seconds)] in item order ->
+    [(key, world, start, end, devices)] (devices None on CPU; start None: more GPUs than there are)."""
+    devices = list(devices or [])
+    free, running, used, now, out = list(devices), [], 0, 0.0, []  # running: (end, world, devices)
+    for key, world, seconds in cells:
+        if devices and world > len(devices):
+            out.append((key, world, None, None, None))  # cannot run on this many GPUs
+            continue
+        while not fits(world, len(running), jobs, used, budget, free, devices):
+            running.sort(key=lambda r: r[0])
+            end, w, d = running.pop(0)  # the next cell to end frees its ranks and GPUs
+            now, used = max(now, end), used - w
+            free = sorted(free + (d or []), key=devices.index)
+        got = None
+        if devices:
+            got, free = free[:world], free[world:]
+        used += world
+        running.append((now + seconds, world, got))
+        out.append((key, world, now, now + seconds, got))
+    return out
+
+
 class Packer:
     def __init__(self, jobs: int, budget: int, devices: list | None = None):
         """``jobs``: cells at once; ``budget``: ranks at once (CPU); ``devices``: GPU ids to hand out."""
@@ -32,11 +65,7 @@ class Packer:
         self.queue.append((key, world, work))
 
     def _fits(self, world):
-        if self.running >= self.jobs:
-            return False
-        if self.devices:
-            return len(self.free_devices) >= world
-        return self.running == 0 or self.used + world <= self.budget
+        return fits(world, self.running, self.jobs, self.used, self.budget, self.free_devices, self.devices)
 
     def pump(self):
         with self.lock:

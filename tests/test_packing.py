@@ -54,3 +54,30 @@ def test_gpu_cells_get_disjoint_devices(run_matrix, pytester, monkeypatch):
 def test_bad_jobs_value(run_matrix):
     result = run_matrix(fake_matrix(), "--simplefsdp-jobs=many")
     result.stderr.fnmatch_lines(["*--simplefsdp-jobs: expected a positive number or auto, got 'many'*"])
+
+
+def test_the_plan_packs_as_the_packer_does_in_item_order():
+    """schedule.plan simulates the Packer: in item order, a cell waits at the head of the line for its GPUs."""
+    from pytest_simplefsdp.schedule import plan
+
+    gpus = [str(i) for i in range(8)]
+    rows = plan([("a", 4, 10), ("b", 4, 10), ("c", 8, 5), ("d", 2, 1), ("e", 16, 1), ("f", 2, 3)], 99, 8, gpus)
+    assert [(k, s, e, d) for k, _, s, e, d in rows] == [
+        ("a", 0, 10, gpus[:4]), ("b", 0, 10, gpus[4:]), ("c", 10, 15, gpus), ("d", 15, 16, gpus[:2]),
+        ("e", None, None, None), ("f", 15, 18, gpus[2:4])]
+    cpu = plan([("a", 2, 10), ("b", 2, 10), ("c", 4, 1), ("d", 9, 2)], 99, 4)  # a budget of 4 ranks
+    assert [(k, s, e) for k, _, s, e, _ in cpu] == [("a", 0, 10), ("b", 0, 10), ("c", 10, 11), ("d", 11, 13)]
+
+
+def test_plan_prints_the_schedule_from_a_stored_runs_times(run_matrix, pytester):
+    run_matrix(fake_matrix(modes=["pass", "fail"], args=', "--startup", "1"'))  # stores each cell's wall time
+    result = run_matrix(fake_matrix(modes=["pass", "fail"], args=', "--startup", "1"'), "--simplefsdp-plan",
+                        "--simplefsdp-max-ranks=4")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*simplefsdp plan: 2 cpu cells on a budget of 4 CPU ranks*",
+                                 "      0s ->       *s  2 ranks          fake::pass-r2",
+                                 "      0s ->       *s  2 ranks          fake::fail-r2",
+                                 "expected: *s packed (--simplefsdp-jobs=auto), *s one cell at a time*",
+                                 f"times: 2 of 2 cells from stored runs (newest: {pytester.path / 'runs'}); *"])
+    records = [json.loads(line) for line in (pytester.path / "runs" / "results.jsonl").read_text().splitlines()]
+    assert sum(r.get("type") == "cell" for r in records) == 2  # the first run's: the plan launched nothing
