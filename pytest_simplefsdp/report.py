@@ -296,7 +296,6 @@ FEATURE_GROUPS = (
     ("Models", {"model": "{}"}),
     ("Features", {"feature": "{}", "trainer": "trainer {}"}),
 )
-FEATURE_STATES = ("Done", "In progress", "Failing", "Not run")
 
 
 def features(run):
@@ -328,7 +327,7 @@ def _state(cells):
     ran = [r for r in cells if r["status"] != "skipped"]
     entries = list(dict.fromkeys((r["known_failure"], r.get("known_failure_link")) for r in cells
                                  if r.get("known_failure") and r["status"] in ("xfailed", "skipped")))
-    if any(r["status"] == "failed" for r in ran):
+    if any(r["status"] == "failed" and r.get("failure_class") for r in ran):  # (a gate's XPASS is no failure)
         state = "Failing"
     elif entries:
         state = "In progress"
@@ -351,7 +350,7 @@ def status_view_md(run):
         out.append(f"**{group}**")
         out.append("")
         for name, state, cells, entries in rows:
-            passed = sum(1 for r in cells if r["status"] in ("passed", "xpassed"))
+            passed = sum(1 for r in cells if broken(r) is False)
             links = "; known failures: " + ", ".join(f"[`{e}`]({link})" for e, link in entries) if entries else ""
             out.append(f"- [{state}] {name}: {passed} of {len(cells)} cells pass{links}")
         out.append("")
@@ -369,13 +368,11 @@ def _note(rec):
     if rec["status"] in ("xfailed", "skipped") and rec.get("known_failure"):
         return (f"`{rec['id']}`: known failure `{rec['known_failure']}` ({rec.get('known_failure_link')}): "
                 f"{rec.get('error_line') or rec.get('verdict') or ''}")
-    plot = f" ([loss and grad-norm curves]({rec['plot']}))" if rec.get("plot") else ""
-    if rec["status"] == "failed" and rec.get("failure_class") and plot:
-        return f"`{rec['id']}`: {rec.get('failure_class')}: {rec.get('error_line') or ''}{plot}"
     if rec["status"] == "failed" and not rec.get("failure_class"):  # a known failure the gate saw pass
         return f"`{rec['id']}`: {rec.get('verdict', '')}"
     if rec["status"] == "failed":
-        return f"`{rec['id']}`: {rec.get('failure_class')}: {rec.get('error_line') or ''}"
+        plot = f" ([loss and grad-norm curves]({rec['plot']}))" if rec.get("plot") else ""
+        return f"`{rec['id']}`: {rec.get('failure_class')}: {rec.get('error_line') or ''}{plot}"
     if rec["status"] == "xpassed":
         return f"`{rec['id']}`: {rec.get('verdict', '')}"
     return None
