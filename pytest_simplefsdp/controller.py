@@ -316,7 +316,8 @@ class Controller:
     def pytest_collection_finish(self, session):
         cells = [item for item in session.items if isinstance(item, CellItem)]
         self.selected = [(item.run, item.cell) for item in cells]  # in collection order
-        self.progress = self._progress(cells)
+        jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
+        self.progress = self._progress(cells, jobs)
         if self.settings.jobs == 1 or self.settings.dry_run or not cells:
             return
         devices = cuda_device_ids() if any(i.run.matrix.device == Device.CUDA for i in cells) else []
@@ -324,14 +325,13 @@ class Controller:
         if all(self.runner.launcher_for(i.run).remote for i in cells):
             # a scheduler hands out nodes and GPUs; only the number of cells at once is ours
             devices, budget = [], math.inf
-        jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
         self.packer = Packer(jobs, budget, devices)
         for item in cells:
             if not self.skip_entry(item.run, item.cell) and item.run.name not in self.unavailable:
                 self.packer.add(item.nodeid, item.cell.world,
                                 lambda devs, item=item: self.run_and_check(item.run, item.cell, devs))
 
-    def _progress(self, cells):
+    def _progress(self, cells, jobs):
         """Each selected cell's expected time: from the newest stored runs of its profile, else the estimate."""
         runs_dirs = {self.cache_dir / "runs", *( [self.settings.artifacts.parent] if self.settings.artifacts else [])}
         walls, source = {}, None
@@ -343,7 +343,6 @@ class Controller:
         for item in cells:
             k = item.run.key(item.cell.id)
             expected[k] = walls.get(k) or ESTIMATE[str(item.run.matrix.device)](item.cell.world)
-        jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
         return Progress(expected, min(jobs, len(cells) or 1), source, stored=set(walls) & set(expected))
 
     @pytest.hookimpl(wrapper=True)
