@@ -1,10 +1,23 @@
-"""Benchmark: the same real CPU cells via (a) bare torchrun, (b) the plugin's torchrun launcher,
-(c) the plugin's fork launcher. Prints per-cell medians, totals and ratios. Not a test.
+"""Benchmark of the launchers and of the CPU main job, measured side by side in one run. Not a test.
 
-    python benchmarks/launchers.py [--repeat 3] [--cells ID ID ...]
+    python benchmarks/launchers.py cells [--repeat 3] [--cells ID ...] [--launchers torchrun local fork]
+    python benchmarks/launchers.py profile
 
-Goals (issue 6): harness overhead b/a within 2 %; fork at least 3x faster than a on eager cells;
-losses identical between launchers. The machine's load average is printed with the results.
+``cells``: the same real CPU cells (the CPU profile without numerics: one launch per cell) as (a) the bare
+``torchrun`` command a user would type, timed from outside, and through the plugin with each launcher,
+round-robin, ``--repeat`` times. Prints per-cell medians, the whole-run totals, ratios bare / launcher, the
+machine's load before and after, and whether every launcher gave bitwise the same losses and grad norms as
+bare torchrun on every cell. Goals (issue 20): the default CPU launcher (auto = fork) at least 4x bare
+torchrun per eager cell and 3x per aot_fx_trace cell (medians of 3).
+
+``profile``: the whole CPU profile (``matrix/cpu.yaml``, numerics and all) three times in a row:
+``--simplefsdp-launcher=torchrun --simplefsdp-fresh`` (the main job as it ran before the fork default and the
+kept seeds and baselines), the default cold (``--simplefsdp-fresh``) and the default warm (seed checkpoints
+and baselines kept by the cold run). Prints the per-cell times of each and the totals. Goal: warm at most
+half of the first.
+
+A plugin cell's time is its record's wall (from its launch to its last rank's exit); the fork server's start
+is paid once per run and shows in the totals, not in the cells.
 """
 
 import argparse
@@ -25,11 +38,15 @@ sys.path.insert(0, str(ROOT))
 from pytest_simplefsdp.cells import expand  # noqa: E402
 from pytest_simplefsdp.launch import LaunchSpec, TorchrunLauncher, free_port  # noqa: E402
 from pytest_simplefsdp.matrix import load_matrix  # noqa: E402
-from pytest_simplefsdp.results import parse_losses, read_text  # noqa: E402
+from pytest_simplefsdp.results import cell_losses, read_text  # noqa: E402
 from pytest_simplefsdp.targets import make_target  # noqa: E402
 
 DEFAULT_CELLS = ["llama3-dp2-eager", "llama3-tp2-eager", "deepseek_v3-dp2-ep2-eager",
-                 "llama3-dp2-aot_fx_trace-mp_default"]
+                 "llama3-dp2-aot_fx_trace-mp_default", "deepseek_v3-dp2-ep2-aot_fx_trace-mp_default"]
+
+
+def load():
+    return f"{os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}"
 
 
 def plain_matrix(tmp):
@@ -45,80 +62,125 @@ def plain_matrix(tmp):
 
 
 def bare(matrix_path, ids, work):
-    """(a): the torchrun command a user would type, per cell, timed from outside."""
+    """The torchrun command a user would type, per cell, timed from outside: {id: (wall, losses, grad norms)}."""
     matrix = load_matrix(matrix_path)
     target = make_target(matrix, ROOT / ".simplefsdp")
     target.prepare()
     cells = {c.id: c for c in expand(matrix)[0]}
-    walls, losses = {}, {}
+    out = {}
     for cid in ids:
-        cell, out = cells[cid], Path(work) / "bare" / cid
-        out.mkdir(parents=True, exist_ok=True)
-        spec = LaunchSpec(cid, target.command(cell, dump_folder=out / "dump"), cell.world, out, 900, free_port())
-        argv = TorchrunLauncher().torchrun_argv(spec)
-        argv = [a for a in argv if not a.startswith(("--log-dir", "--redirects"))]
+        cell, folder = cells[cid], Path(work) / "bare" / cid
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = LaunchSpec(cid, target.command(cell, dump_folder=folder / "dump"), cell.world, folder, 900, free_port())
+        argv = [a for a in TorchrunLauncher().torchrun_argv(spec) if not a.startswith(("--log-dir", "--redirects"))]
         env = dict(os.environ, **spec.command.env)
-        env["PYTHONPATH"] = spec.command.env["PYTHONPATH"]
         start = time.monotonic()
-        with open(out / "out.log", "wb") as f:
+        with open(folder / "out.log", "wb") as f:
             subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
-        walls[cid] = time.monotonic() - start
-        losses[cid] = parse_losses(read_text([out / "out.log"]))
-    return walls, losses
+        wall = time.monotonic() - start
+        losses, norms = cell_losses({0: read_text([folder / "out.log"])})
+        out[cid] = (wall, losses, norms)
+    return out
 
 
-def plugin(matrix_path, ids, work, launcher):
-    """(b)/(c): pytest --simplefsdp-matrix on the same cells; per-cell walls from its JSON."""
-    js = Path(work) / f"{launcher}.json"
-    expr = f"({' or '.join(ids)}) and not fsdp2"  # an id is a substring of its FSDP2 twin's
+def pytest_run(args, js, artifacts):
+    """One pytest --simplefsdp-matrix run: (its wall, {cell id: record})."""
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix_path}",
-                    f"--simplefsdp-launcher={launcher}", f"--simplefsdp-json={js}", "-k", expr, "-q",
-                    f"--simplefsdp-artifacts={Path(work) / launcher}", "-p", "no:cacheprovider"],
+    subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-json={js}", "-q",
+                    f"--simplefsdp-artifacts={artifacts}", "-p", "no:cacheprovider", *args],
                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     total = time.monotonic() - start
-    cells = {c["id"]: c for c in json.loads(js.read_text())["runs"][0]["cells"]}
-    return total, {cid: cells[cid]["wall"] for cid in ids}, {cid: {int(k): v for k, v in cells[cid]["losses"].items()}
-                                                               for cid in ids}, cells
+    doc = json.loads(Path(js).read_text())["runs"][0]
+    return total, {c["id"]: c for c in doc["cells"]}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cells", nargs="+", default=DEFAULT_CELLS)
-    args = ap.parse_args()
-    print(f"load average before: {os.getloadavg()}; cores: {os.cpu_count()}")
-    rows = {k: {cid: [] for cid in args.cells} for k in ("a", "b", "c")}
-    totals = {k: [] for k in ("a", "b", "c")}
-    same_losses = True
+def cells_mode(args):
+    print(f"load average before: {load()}; cores: {os.cpu_count()}")
+    kinds = ["bare", *args.launchers]
+    walls = {k: {cid: [] for cid in args.cells} for k in kinds}
+    totals = {k: [] for k in kinds}
+    same, verdicts = True, []
+    expr = " or ".join(args.cells)
     with tempfile.TemporaryDirectory() as tmp:
         matrix = plain_matrix(tmp)
         for i in range(args.repeat):
             work = Path(tmp) / f"r{i}"
-            walls, bare_losses = bare(matrix, args.cells, work)
-            total_b, walls_b, losses_b, cells_b = plugin(matrix, args.cells, work, "torchrun")
-            total_c, walls_c, losses_c, cells_c = plugin(matrix, args.cells, work, "fork")
-            for cid in args.cells:
-                rows["a"][cid].append(walls[cid])
-                rows["b"][cid].append(walls_b[cid])
-                rows["c"][cid].append(walls_c[cid])
-                same_losses &= bare_losses[cid] == losses_b[cid] == losses_c[cid] != {}
-                if cells_b[cid]["status"] != "passed" or cells_c[cid]["status"] != "passed":
-                    print(f"  run {i}: {cid}: torchrun {cells_b[cid]['status']}, fork {cells_c[cid]['status']}")
-            totals["a"].append(sum(walls.values()))
-            totals["b"].append(total_b)
-            totals["c"].append(total_c)
-            print(f"run {i + 1}/{args.repeat}: a {totals['a'][-1]:.1f} s, b {total_b:.1f} s, c {total_c:.1f} s")
-    med = {k: {cid: statistics.median(v) for cid, v in rows[k].items()} for k in rows}
-    print(f"\nmedians over {args.repeat} runs (seconds; a = bare torchrun, b = plugin+torchrun, c = plugin+fork)")
-    print(f"{'cell':45} {'a':>7} {'b':>7} {'c':>7} {'b/a':>6} {'a/c':>6}")
+            ref = bare(matrix, args.cells, work)
+            for cid, (wall, _, _) in ref.items():
+                walls["bare"][cid].append(wall)
+            totals["bare"].append(sum(w for w, _, _ in ref.values()))
+            for launcher in args.launchers:
+                total, recs = pytest_run([f"--simplefsdp-matrix-file={matrix}", f"--simplefsdp-launcher={launcher}",
+                                          "-k", f"({expr}) and not fsdp2"],  # an id is a substring of its FSDP2 twin's
+                                         work / f"{launcher}.json", work / launcher)
+                totals[launcher].append(total)
+                for cid in args.cells:
+                    rec = recs[cid]
+                    walls[launcher][cid].append(rec["wall"])
+                    _, losses, norms = ref[cid]
+                    got = tuple({int(k): v for k, v in rec[key].items()} for key in ("losses", "grad_norms"))
+                    if got != (losses, norms) or not losses:
+                        same = False
+                        print(f"  run {i + 1}: {cid}: {launcher} losses/grad norms differ from bare torchrun")
+                    if rec["status"] != "passed":
+                        verdicts.append(f"run {i + 1}: {cid}: {launcher} {rec['status']} {rec.get('error_line')}")
+                    if launcher == "auto" and rec["launcher"] != "fork":
+                        verdicts.append(f"run {i + 1}: {cid}: auto ran {rec['launcher']}, not fork")
+            print(f"run {i + 1}/{args.repeat}: " + ", ".join(f"{k} {totals[k][-1]:.1f} s" for k in kinds)
+                  + f"; load {load()}")
+    med = {k: {cid: statistics.median(v) for cid, v in walls[k].items()} for k in kinds}
+    print(f"\nmedians over {args.repeat} runs, seconds (bare: the torchrun command alone; the others: the plugin "
+          f"with that launcher, the cell's record wall)")
+    head = f"{'cell':46}" + "".join(f"{k:>9}" for k in kinds) + "".join(f"{'bare/' + k:>14}" for k in args.launchers)
+    print(head)
     for cid in args.cells:
-        a, b, c = med["a"][cid], med["b"][cid], med["c"][cid]
-        print(f"{cid:45} {a:7.1f} {b:7.1f} {c:7.1f} {b / a:6.3f} {a / c:6.2f}")
-    ta, tb, tc = (statistics.median(totals[k]) for k in ("a", "b", "c"))
-    print(f"{'total (b, c: whole pytest run)':45} {ta:7.1f} {tb:7.1f} {tc:7.1f} {tb / ta:6.3f} {ta / tc:6.2f}")
-    print(f"losses identical between launchers: {same_losses}")
-    print(f"load average after: {os.getloadavg()}")
+        print(f"{cid:46}" + "".join(f"{med[k][cid]:9.1f}" for k in kinds)
+              + "".join(f"{med['bare'][cid] / med[k][cid]:14.2f}" for k in args.launchers))
+    tot = {k: statistics.median(totals[k]) for k in kinds}
+    print(f"{'total (plugin: the whole pytest run)':46}" + "".join(f"{tot[k]:9.1f}" for k in kinds)
+          + "".join(f"{tot['bare'] / tot[k]:14.2f}" for k in args.launchers))
+    print(f"losses and grad norms bitwise identical to bare torchrun, every launcher, every cell, every run: {same}")
+    print("verdicts: " + ("every cell passed under every launcher" if not verdicts else "; ".join(verdicts)))
+    print(f"load average after: {load()}")
+
+
+def profile_mode(args):
+    runs = [("torchrun, fresh", ["--simplefsdp-launcher=torchrun", "--simplefsdp-fresh"]),
+            ("default, cold", ["--simplefsdp-fresh"]), ("default, warm", [])]
+    print(f"load average before: {load()}; cores: {os.cpu_count()}")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, extra) in enumerate(runs):
+            total, recs = pytest_run(extra, Path(tmp) / f"{i}.json", Path(tmp) / f"run{i}")
+            results.append((name, total, recs))
+            used = sorted({r["launcher"] for r in recs.values()})
+            print(f"{name}: {total:.0f} s ({len(recs)} cells; launchers {used}); load {load()}")
+    ids = list(results[0][2])
+    print("\nper cell, seconds (the cell's record wall; status where not passed)")
+    print(f"{'cell':58}" + "".join(f"{name:>17}" for name, _, _ in results))
+    for cid in ids:
+        row = []
+        for _, _, recs in results:
+            rec = recs.get(cid)
+            status = "" if rec is None or rec["status"] == "passed" else f" {rec['status']}"
+            row.append("-" if rec is None else f"{rec['wall']:.1f}{status}")
+        print(f"{cid:58}" + "".join(f"{r:>17}" for r in row))
+    print(f"{'total (the whole pytest run)':58}" + "".join(f"{total:17.0f}" for _, total, _ in results))
+    base = results[0][1]
+    print(f"{'ratio to the first':58}" + "".join(f"{total / base:17.2f}" for _, total, _ in results))
+    print(f"load average after: {load()}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    cells = sub.add_parser("cells", help="bare torchrun against the plugin's launchers, per cell")
+    cells.add_argument("--repeat", type=int, default=3)
+    cells.add_argument("--cells", nargs="+", default=DEFAULT_CELLS)
+    cells.add_argument("--launchers", nargs="+", default=["torchrun", "local", "auto"])
+    sub.add_parser("profile", help="the whole CPU profile: torchrun fresh, default cold, default warm")
+    args = ap.parse_args()
+    (cells_mode if args.mode == "cells" else profile_mode)(args)
 
 
 if __name__ == "__main__":

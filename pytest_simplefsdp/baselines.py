@@ -1,6 +1,7 @@
 """Step 6, the numerics step's book: the seed checkpoint each model's cells start from, the baseline each
 cell is compared with (run once per session, taken from a cell that already ran, or read from a stored
-run), and the comparison itself (losses per step, then per-parameter gradient and parameter norms).
+run), and the comparison itself (losses per step, then per-parameter gradient and parameter norms). Seed
+checkpoints and baseline jobs are kept across runs by content key (reuse.py).
 
 What cannot be had is an ``Unavailable`` with its reason, never a bare string."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,18 @@ from .evidence import probe_folder
 from .kinds import FailureClass, Status
 from .numerics import compare, compare_params, lane_for, mismatch_line, param_line, plot, read_param_stats
 from .results import CellResult
+from .reuse import ReuseStore, content_key
+
+
+@dataclass(frozen=True)
+class SeedJob:
+    """The one-rank job that writes a model's seed checkpoint, into its kept folder (reuse.py)."""
+
+    model: str
+    name: str  # seed-<model>
+    key: str  # content key of its command
+    folder: Path  # .simplefsdp/reuse/<name>-<key>; the checkpoint is folder/checkpoint/step-0
+    command: object  # targets.RankCommand
 
 
 @dataclass(frozen=True)
@@ -50,11 +64,14 @@ def load_stored(path):
 
 
 class Book:
-    def __init__(self, runner, store, run_dir: Path, stored_path=None):
+    def __init__(self, runner, store, run_dir: Path, cache_dir: Path, stored_path=None, fresh=False):
         self.runner, self.store, self.run_dir = runner, store, run_dir
         self.stored = load_stored(stored_path)
+        self.cache_dir = Path(cache_dir)  # .simplefsdp: the plugin's own files (keyed by what made them)
+        self.kept = ReuseStore(self.cache_dir / "reuse", fresh)  # seeds and baseline jobs of earlier runs
         self.lock = threading.RLock()  # cells may run in threads; each seed and baseline is made once
         self.seeds = {}  # (run name, model) -> Path | Unavailable
+        self.seed_records = {}  # run name -> [{model, folder, kept}] of the seeds this process used
         self.baselines = {}  # (run name, axes key) -> CellResult | Unavailable
         self.passed = {}  # (run name, axes key) -> CellResult of a cell of this process that passed
 
@@ -66,34 +83,53 @@ class Book:
     def reused(self, run, cell) -> CellResult | None:
         """The cell's result when it already ran as another cell's baseline."""
         done = None if cell.mutant else self.baselines.get((run.name, axes_key(cell.axes)))
-        if isinstance(done, CellResult):
+        if isinstance(done, CellResult) and not done.reused_from:  # a cell of the matrix runs in every run
             return dataclasses.replace(done, id=cell.id, details=[f"same cell as baseline {done.id}"])
         return None
 
     # --- seed checkpoints ---------------------------------------------------------------------------
 
-    def seed_job(self, run, cell):
-        """(model, folder, command) of the seed job the cell starts from; None where numerics need none."""
+    def seed_job(self, run, cell) -> SeedJob | None:
+        """The seed job the cell starts from; None where numerics need none."""
         if not run.matrix.numerics or "model" not in cell.axes:
             return None
         model = cell.axes["model"]
-        folder = self.run_dir / value_id(run.matrix.profile) / f"seed-{model}"
-        command = run.target.seed_command(model, folder)
-        return None if command is None else (model, folder, command)
+        command = run.target.seed_command(model, Path("@seed"))
+        if command is None:
+            return None
+        name, key = f"seed-{model}", content_key(command, self.cache_dir)
+        folder = self.kept.folder(name, key)
+        return SeedJob(model, name, key, folder, run.target.seed_command(model, folder))
 
     def seed_for(self, run, cell) -> Path | Unavailable | None:
-        """The seed checkpoint of the cell's model (made once per run); None where numerics need none."""
+        """The seed checkpoint of the cell's model: kept from an earlier run, else made once per run (and kept)."""
         job = self.seed_job(run, cell)
         if job is None:
             return None
-        model, folder, command = job
         with self.lock:
-            key = (run.name, model)
+            key = (run.name, job.model)
             if key not in self.seeds:
-                failed = self.runner.run_seed(run, model, command, folder)
-                self.seeds[key] = folder if failed is None else Unavailable(
-                    f"seed checkpoint for {model} failed: {failed.error_line} (logs: {folder})")
+                self.seeds[key] = self._make_seed(run, job)
             return self.seeds[key]
+
+    def _make_seed(self, run, job):
+        kept = self.kept.kept(job.name, job.key) is not None
+        if not kept:
+            scratch = self.kept.scratch(job.name)
+            failed = self.runner.run_seed(run, job.model, run.target.seed_command(job.model, scratch), scratch)
+            if failed is not None:
+                return self._failed_seed(run, job, scratch, failed)
+            self.kept.keep(scratch, job.name, job.key, {"model": job.model, "profile": run.matrix.profile})
+        self.seed_records.setdefault(run.name, []).append(
+            {"model": job.model, "folder": str(job.folder), "kept_from_earlier_run": kept})
+        return job.folder
+
+    def _failed_seed(self, run, job, scratch, failed):
+        logs = self.run_dir / value_id(run.matrix.profile) / job.name  # a failed seed's logs: in the run
+        logs.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(logs, ignore_errors=True)
+        scratch.rename(logs)
+        return Unavailable(f"seed checkpoint for {job.model} failed: {failed.error_line} (logs: {logs})")
 
     # --- baselines ----------------------------------------------------------------------------------
 
@@ -132,6 +168,13 @@ class Book:
     def _base_cell(run, base_axes):
         return Cell("baseline-" + cell_id(run.matrix, base_axes), base_axes, world_size(run.matrix, base_axes))
 
+    def baseline_key(self, run, cell, seed):
+        """The content key of a baseline job (its command with placeholder folders; the seed's folder names
+        the seed's own key)."""
+        command = run.target.command(cell, dump_folder=Path("@cell") / "dump", nproc=cell.world, port=0,
+                                     seed_folder=seed, run=0)
+        return content_key(command, self.cache_dir)
+
     def _run_baseline(self, run, base_axes, key):
         done = self.passed.get(key)
         if done is None:
@@ -139,12 +182,30 @@ class Book:
             seed = self.seed_for(run, cell)
             if isinstance(seed, Unavailable):
                 return Unavailable(f"baseline {cell.id} has no seed: {seed.reason}")
-            done = self.runner.run(run, cell, seed=seed)
-            done.details.append("numerics baseline")
+            digest = self.baseline_key(run, cell, seed)
+            kept = self.kept.kept(cell.id, digest)
+            if kept is not None:
+                done = CellResult.from_record(self.kept.about(kept)["record"])
+                done.log_dir, done.reused_from = str(kept), str(kept)
+                done.details = ["numerics baseline", f"kept from an earlier run ({kept}; --simplefsdp-fresh runs it "
+                                                     f"again)"]
+            else:
+                done = self.runner.run(run, cell, seed=seed)
+                done.details.append("numerics baseline")
+                if done.failure_class is None:
+                    self._keep_baseline(run, cell, done, digest)
             self.store.record(run, done, kind="baseline")
         if done.failure_class is None:
             return done
         return Unavailable(f"baseline {done.id} failed: [{done.failure_class}] {done.error_line} (logs: {done.log_dir})")
+
+    def _keep_baseline(self, run, cell, done, digest):
+        """A copy of what a comparison reads (the record and the per-parameter probe records); the run keeps
+        its logs."""
+        scratch = self.kept.scratch(cell.id)
+        if probe_folder(done.log_dir).is_dir():
+            shutil.copytree(probe_folder(done.log_dir), probe_folder(scratch))
+        self.kept.keep(scratch, cell.id, digest, {"profile": run.matrix.profile, "record": run.record_of(done)})
 
     # --- the comparison -----------------------------------------------------------------------------
 

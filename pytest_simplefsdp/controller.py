@@ -170,8 +170,9 @@ class Controller:
             self.header.append(f"simplefsdp: {len(foreign)} known-failure entries are for profiles not loaded here "
                                f"(not checked): {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}")
         self.compared = self._stored_run(s.compare, "compare")  # read now: a bad file is found before any cell runs
-        self.store = ResultStore(self.run_dir, self.runs, self.launcher.name, config.hook, config)
-        self.book = Book(self.runner, self.store, self.run_dir, s.baseline)
+        self.store = ResultStore(self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name,
+                                 config.hook, config)
+        self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
         self.selected = []
         self.packer = self.progress = None
         self.shown = set()  # cells whose progress line was written
@@ -306,10 +307,14 @@ class Controller:
                 cells = keep
             items.extend(cells)
 
+    def _launcher_label(self, run):
+        chosen = self.runner.launcher_for(run).name
+        return chosen if chosen == self.launcher.name else f"{chosen} ({self.launcher.name})"
+
     def pytest_report_header(self, config):
         return [f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
                 f"cells={len(run.cells)} n/a={len(run.dropped)} flags={run.target.spelling} "
-                f"launcher={self.launcher.name}" + (" DRY RUN" if self.settings.dry_run else "")
+                f"launcher={self._launcher_label(run)}" + (" DRY RUN" if self.settings.dry_run else "")
                 + (f" SKIPPED: {self.unavailable[run.name]}" if run.name in self.unavailable else "")
                 for run in self.runs] + self.header
 
@@ -417,6 +422,9 @@ class Controller:
             return
         tr = terminalreporter
         doc = self.store.document()
+        for run, run_doc in zip(self.runs, doc["runs"]):  # the seed checkpoints the cells started from
+            if self.book.seed_records.get(run.name):
+                run_doc["seeds"] = self.book.seed_records[run.name]
         if self.store.records and (self.settings.html or self.settings.status_md):
             doc["walltime_plot"] = numerics.walltime_plot(self.run_dir.resolve() / report.WALLTIME_PLOT, doc)
         if self.compared is not None:
@@ -434,6 +442,11 @@ class Controller:
         tr.write_line(report.render_text(doc))
         if self.store.jsonl is not None:
             tr.write_line(f"results: {self.store.path}")
+        for run_doc in doc["runs"]:
+            for seed in run_doc.get("seeds", []):
+                tr.write_line(f"seed checkpoint {seed['model']}: "
+                              + ("kept from an earlier run" if seed["kept_from_earlier_run"] else "made and kept")
+                              + f" ({seed['folder']}; --simplefsdp-fresh makes it again)")
         self._write_files(tr, doc)
         if self.settings.coverage:
             self._coverage(tr)

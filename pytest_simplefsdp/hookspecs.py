@@ -44,8 +44,9 @@ class Target(Protocol):
 
 
 class Launcher(Protocol):
-    """How a cell's ranks start. Built in: launch.TorchrunLauncher, LocalLauncher, ForkLauncher; launch.slurm's
-    SlurmLauncher. Each gives its root processes to launch.Supervisor (see launch/__init__.py)."""
+    """How a cell's ranks start. Built in: launch.TorchrunLauncher, LocalLauncher, ForkLauncher, AutoLauncher (the
+    default: picks one per device, ``resolve(device)``); launch.slurm's SlurmLauncher. Each gives its root processes
+    to launch.Supervisor (see launch/__init__.py)."""
 
     name: str
     remote: bool  # the ranks run elsewhere: this host's GPUs and rank budget do not apply

@@ -20,29 +20,34 @@ def summary(session, tr):
     for run, cell in session.selected:
         job = session.book.seed_job(run, cell)
         if job:
-            seeds.setdefault((run.name, job[0]), (run, job))
+            seeds.setdefault((run.name, job.model), (run, job))
         base = session.book.baseline_cell(run, cell)
         if base is not None and not any(r is run and c.axes == base.axes for r, c in session.selected):
             baselines.setdefault((run.name, base.id), (run, base, []))[2].append(cell.id)
     if seeds:
-        tr.section("simplefsdp dry run: seed checkpoints (made on the first real run, before the cells)")
-        for run, (model, folder, command) in seeds.values():
-            spec = session.runner.seed_spec(run, model, command, folder, port=29500)
-            tr.write_line(f"{run.name}: seed-{model}  [1 rank] -> {folder / 'checkpoint' / 'step-0'}")
-            tr.write_line(f"  {session.launcher.reproducer(spec)}")
+        tr.section("simplefsdp dry run: seed checkpoints (before the cells; kept for later runs by content key)")
+        for run, job in seeds.values():
+            spec = session.runner.seed_spec(run, job.model, job.command, job.folder, port=29500)
+            kept = session.book.kept.kept(job.name, job.key)
+            tr.write_line(f"{run.name}: {job.name}  [1 rank] -> {job.folder / 'checkpoint' / 'step-0'}"
+                          + ("  (kept from an earlier run: not run again)" if kept else ""))
+            tr.write_line(f"  {session.runner.launcher_for(run).reproducer(spec)}")
     if baselines:
         tr.section("simplefsdp dry run: numerics baselines (run once, before the first cell compared with them)")
         for run, base, users in baselines.values():
+            job = session.book.seed_job(run, base)
+            kept = session.book.kept.kept(base.id, session.book.baseline_key(run, base, job.folder if job else None))
             _job(session, tr, run, base, f"baseline of {len(users)} cells: {', '.join(users[:4])}"
-                                         f"{' ...' if len(users) > 4 else ''}")
+                                         f"{' ...' if len(users) > 4 else ''}"
+                                         + ("  (kept from an earlier run: not run again)" if kept else ""))
     tr.section("simplefsdp dry run: commands")
     for run, cell in session.selected:
         _job(session, tr, run, cell)
     for run in session.runs:
         tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
     if seeds:
-        tr.write_line("the seed checkpoints and the targets' assets the commands name are made on the first real "
-                      "run (a dry run launches and writes nothing)")
+        tr.write_line("seed checkpoints not kept yet, and the targets' assets the commands name, are made on the "
+                      "first real run (a dry run launches and writes nothing)")
 
 
 def _plan(session, tr):
@@ -71,16 +76,16 @@ def _plan(session, tr):
     stored = sum(1 for k in session.progress.expected if k in session.progress.stored)
     tr.write_line(f"times: {stored} of {len(session.progress.expected)} cells from stored runs"
                   + (f" (newest: {session.progress.source})" if session.progress.source else "")
-                  + f"; the others estimated per cell size (CPU: 20 s + 10 s per rank; GPU: 60 s)")
+                  + "; the others estimated per cell size (CPU: 20 s + 10 s per rank; GPU: 60 s)")
 
 
 def _job(session, tr, run, cell, note=""):
     job = session.book.seed_job(run, cell)
-    spec = session.runner.spec_for(run, cell, port=29500, seed=job[1] if job else None)
+    spec = session.runner.spec_for(run, cell, port=29500, seed=job.folder if job else None)
     tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]"
                   + (f"  {note}" if note else ""))
     for step in run.target.before_steps(cell):  # (e.g. precompile: one process, before the ranks)
-        before = session.runner.step_spec(run, cell, step, seed=job[1] if job else None, port=29500)
+        before = session.runner.step_spec(run, cell, step, seed=job.folder if job else None, port=29500)
         tr.write_line(f"  first, the {step} step [1 process]: {session.runner.launcher_for(run).reproducer(before)}")
     tr.write_line(f"  {session.runner.launcher_for(run).reproducer(spec)}")
     plan = run.target.evidence_plan(cell)

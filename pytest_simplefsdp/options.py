@@ -173,11 +173,12 @@ OPTIONS = [
                                      "launch nothing", flag),
     Option("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
                                    "first error line, failing rank, wall time, log dir) to this JSON file", output_file),
-    Option("launcher", "string", "torchrun", "how ranks are started: torchrun (reference), local (the runner "
-                                             "starts each rank with torchrun's environment), fork (a server "
-                                             "imports torch and the target once and forks the ranks of every "
-                                             "cell), slurm (every cell is one srun job step; see "
-                                             "--simplefsdp-slurm-*), or one a plugin adds"),
+    Option("launcher", "string", "auto", "how ranks are started: auto (default: fork for CPU profiles, torchrun "
+                                         "for GPU profiles; the fastest shown equivalent to torchrun), torchrun "
+                                         "(the reference), local (the runner starts each rank with torchrun's "
+                                         "environment), fork (a server imports torch and the target once and "
+                                         "forks the ranks of every cell), slurm (every cell is one srun job step; "
+                                         "see --simplefsdp-slurm-*), or one a plugin adds"),
     Option("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
                                         "under the rootdir)", output_dir),
     Option("jobs", "string", "1", "cells run at once: N or auto (as many as the ranks budget or the visible GPUs "
@@ -197,6 +198,10 @@ OPTIONS = [
            existing_file),
     Option("baseline", "string", None, "take numerics baselines from this stored run (--simplefsdp-json output) "
                                        "instead of running them", existing_file),
+    Option("fresh", "bool", False, "make seed checkpoints and numerics baselines again instead of using the ones "
+                                   "kept under .simplefsdp/reuse/ (kept by a content key over the torch and "
+                                   "torchtitan versions, the job's command, the shim, configs and assets); "
+                                   "the new ones are kept", flag),
     Option("known-failures", "string", None, "known-failures YAML (default: known_failures.yaml in the rootdir, "
                                              "else the one shipped with the plugin)", existing_file),
     Option("gate", "bool", False, "merge-gate mode: a known failure that passes (XPASS) fails the run and names "
@@ -238,6 +243,7 @@ class Settings:
     html: Path | None
     compare: Path | None
     baseline: Path | None
+    fresh: bool
     known_failures: Path | None
     gate: bool
     mutants: str | None

@@ -58,6 +58,7 @@ class CellResult:
     rank_logs: dict = field(default_factory=dict)
     reproducer: str = ""
     world: int = 0
+    launcher: str = ""  # the launcher that ran it: torchrun, local, fork, slurm, or a plugin's
     details: list = field(default_factory=list)  # extra lines for the failure report
     signature: str = ""  # normalised error signature (see verdict.signature)
     known_failure: str | None = None  # id of the known-failures entry that judged the cell
@@ -68,6 +69,7 @@ class CellResult:
     trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure
     evidence: list = field(default_factory=list)  # evidence.Evidence records: the label took effect
+    reused_from: str | None = None  # a baseline kept from an earlier run (reuse.py): its folder
     mutant: str | None = None  # the mutation tier: the bug this run re-injected
     mutation: Mutation | None = None  # ... killed, survived, or inconclusive (the mutant changed nothing)
     killed_by: str | None = None  # ... the check that caught it: exit (<class>), evidence, loss, grad_norm, ...
@@ -202,6 +204,7 @@ def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> Ce
     explains the outcome (a launch error, a hang, a flood, a failing rank, the launcher, missing steps)."""
     res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
                      log_dir=str(log_dir), rank_logs=outcome.rank_logs, reproducer=outcome.reproducer,
+                     launcher=outcome.launcher,
                      exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks), mutant=cell.mutant)
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}

@@ -43,8 +43,12 @@ class CellRunner:
         return self.settings.timeout or run.matrix.timeout or DEFAULT_TIMEOUT
 
     def launcher_for(self, run):
-        """The trace tier runs one plain process (torchrun would reset RANK); otherwise the chosen one."""
-        return LAUNCHERS["local"]() if run.matrix.tier == Tier.TRACE else self.launcher
+        """The trace tier runs one plain process (torchrun would reset RANK); otherwise the chosen one (``auto``:
+        the one it picks for the profile's device)."""
+        if run.matrix.tier == Tier.TRACE:
+            return LAUNCHERS["local"]()
+        resolve = getattr(self.launcher, "resolve", None)
+        return resolve(run.matrix.device) if resolve else self.launcher
 
     def cell_dir(self, run, name):
         tier = "" if run.matrix.tier == Tier.REAL else f"-{run.matrix.tier}"
@@ -109,7 +113,7 @@ class CellRunner:
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")  # reruns the cell alone
         if run.matrix.device == "cpu" and spec.nproc > self.max_ranks and not launcher.remote:
-            outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launch_error=(
+            outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launcher=launcher.name, launch_error=(
                 f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
                 f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
         else:
@@ -177,13 +181,13 @@ class CellRunner:
 
     def seed_spec(self, run, model, command, folder, port=None) -> LaunchSpec:
         return LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), port or free_port(),
-                          self.settings.log_limit_bytes)
+                          self.settings.log_limit_bytes, device=run.matrix.device)
 
     def run_seed(self, run, model, command, folder) -> CellResult | None:
         """One rank that writes the model's seed checkpoint; None when it did, else its failed result."""
         self.prepare(run)  # the seed reads the target's assets too
         spec = self.seed_spec(run, model, command, folder)
-        outcome = self.launcher.launch(spec)
+        outcome = self.launcher_for(run).launch(spec)
         if (folder / "checkpoint" / "step-0").is_dir():
             return None
         return build_result(Cell(spec.cell_id, {}, 1), outcome, folder)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 
 class ResultStore:
-    def __init__(self, run_dir: Path, runs, launcher_name: str, hook=None, config=None):
-        self.run_dir, self.runs, self.launcher_name = run_dir, runs, launcher_name
+    def __init__(self, run_dir: Path, runs, launcher_of, hook=None, config=None):
+        self.run_dir, self.runs, self.launcher_of = run_dir, runs, launcher_of  # run -> its launcher's name
         self.hook, self.config = hook, config
         self.lock = threading.RLock()  # cells may run in threads (--simplefsdp-jobs)
         self.pending = []  # records made since the last test report (they ride on the next one)
@@ -53,7 +53,7 @@ class ResultStore:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.jsonl = open(self.path, "a")
             for run in self.runs:
-                self._write(run.meta(self.launcher_name))
+                self._write(run.meta(self.launcher_of(run)))
                 for rec in run.dropped_records():
                     self._write({"type": "dropped", "matrix": run.name, **rec})
 
@@ -74,7 +74,7 @@ class ResultStore:
                            key=lambda r: order.get(r["id"], len(order)))
             baselines = [s for r, s in zip(mine, strip) if r["type"] == "baseline"]
             mutated = [s for r, s in zip(mine, strip) if r["type"] == "cell" and r.get("mutant")]
-            meta = run.meta(self.launcher_name)
+            meta = run.meta(self.launcher_of(run))
             meta.pop("type")
             runs.append({"meta": meta, "cells": cells, "dropped": run.dropped_records(), "baselines": baselines,
                          **({"mutants": mutated} if mutated else {})})

@@ -43,6 +43,7 @@ class RankCommand:
     cwd: str | None = None
     preload: list = field(default_factory=list)  # modules a fork server imports once (beyond argv's)
     virtual_local_rank: bool = False  # torchrun --virtual-local-rank: every worker LOCAL_RANK 0, its own GPU only
+    unforkable: str | None = None  # why the fork launcher must not fork it (it runs under local instead)
 
 
 FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
@@ -575,7 +576,10 @@ class Titan02(TorchtitanTarget):
         test = self.upstream_test(cell.axes)
         name = options(test.flags).get("model.name") if test else self.matrix.models[cell.axes["model"]]["name"]
         return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env,
-                           preload=[f"torchtitan.experiments.{name}"])
+                           preload=[f"torchtitan.experiments.{name}"], unforkable=self.UNFORKABLE)
+
+    # the fork server imports the config manager once; 0.2 binds its arguments then (0.3 reads them per call)
+    UNFORKABLE = "torchtitan 0.2's ConfigManager.parse_args binds sys.argv[1:] when it is imported"
 
 
 class CommandTarget:

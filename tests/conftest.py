@@ -36,6 +36,12 @@ def fake_matrix(modes=("pass",), ranks=(2,), extra="", args="", steps=3, timeout
         """) + textwrap.dedent(extra)
 
 
+def module_matrix(modes, **kw):
+    """The fake rank as `python -m fake_rank`, the form the fork server can preload and fork."""
+    text = fake_matrix(modes=modes, **kw).replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"')
+    return text.replace("target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
+
+
 KF = """\
 - id: fake-known
   when: {mode: fail}

@@ -38,9 +38,9 @@ def test_smoke_tier_runs_real_cells(pytester):
         assert sorted(cell["losses"]) == ["1", "2", "3"]
         assert all(math.isfinite(v) and 4 < v < 12 for v in cell["losses"].values())
         assert cell["losses"]["3"] < cell["losses"]["1"]  # it trains
-        log = Path(cell["log_dir"]) / "command.txt"
-        assert "torchrun --nproc-per-node=2" in log.read_text() and "-m torchtitan.train" in log.read_text()
-        assert "[simplefsdp-shim] applied: device_type_cpu" in "".join(
+        command = (Path(cell["log_dir"]) / "command.txt").read_text()  # the default on CPU: the fork launcher
+        assert cell["launcher"] == "fork" and "RANK=1 " in command and "-m torchtitan.train" in command
+        assert "[simplefsdp-shim] applied: device_type_cpu" in "".join(  # the server's shim, said in each rank's log
             Path(p).read_text() for p in cell["rank_logs"]["1"])
     # numerics: same seed checkpoint and global batch; tracing must not change a bit (lane exact)
     assert cells["llama3-dp2-eager"]["losses"] == cells["llama3-dp2-aot_fx_trace-mp_default"]["losses"]
@@ -81,7 +81,8 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
     matrix.write_text((MATRIX_DIR / "cpu.yaml").read_text().replace("steps: 3", "steps: 2000"))
     runs = pytester.path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                             "-k", "llama3-dp2-eager and not fsdp2", f"--simplefsdp-artifacts={runs}", "-p", "no:cacheprovider"],
+                             "-k", "llama3-dp2-eager and not fsdp2", f"--simplefsdp-artifacts={runs}", "-p", "no:cacheprovider",
+                             "--simplefsdp-launcher=torchrun"],  # (it finds the victim by torchrun's log folders)
                             cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         victim, deadline = None, time.monotonic() + 300
@@ -103,8 +104,9 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
     assert not marked("llama3-dp2-eager")
 
 
-def run_under(pytester, launchers, selection, *args):
-    """The same two passing real cells under each launcher: launcher -> {cell id: cell record}."""
+def run_under(pytester, launchers, selection, *args, cells=2, docs=None):
+    """The same passing real cells under each launcher: launcher -> {cell id: cell record} (``docs``: launcher ->
+    the run's JSON document)."""
     runs, selection = {}, f"({selection}) and not fsdp2"  # ids are substrings of their FSDP2 twins' ids
     for launcher in launchers:
         out = pytester.path / f"{launcher}.json"
@@ -112,8 +114,11 @@ def run_under(pytester, launchers, selection, *args):
                                                f"--simplefsdp-launcher={launcher}", f"--simplefsdp-json={out}",
                                                f"--simplefsdp-artifacts={pytester.path / launcher}", *args,
                                                timeout=900)
-        result.assert_outcomes(passed=2)
-        runs[launcher] = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+        result.assert_outcomes(passed=cells)
+        doc = json.loads(out.read_text())["runs"][0]
+        runs[launcher] = {c["id"]: c for c in doc["cells"]}
+        if docs is not None:
+            docs[launcher] = doc
     return runs
 
 
@@ -121,11 +126,26 @@ def losses_of(cells):
     return {cell_id: c["losses"] for cell_id, c in cells.items()}
 
 
-def test_fork_launcher_matches_torchrun_on_real_cells(pytester):
-    """Same verdicts and bitwise the same losses as the reference launcher."""
-    runs = run_under(pytester, ("torchrun", "fork"), "llama3-dp2-eager or llama3-tp2-eager")
-    assert losses_of(runs["fork"]) == losses_of(runs["torchrun"])
-    assert not marked("llama3-") and not marked("forkserver:")
+def test_the_default_cpu_launcher_matches_torchrun_on_real_cells_of_both_models(pytester):
+    """The default (auto: fork on CPU) against the reference launcher, on an eager cell of each model and a traced
+    one: the same verdicts, bitwise the same losses, gradient norms and comparison with the baseline; each record
+    names its launcher. The second run starts from the seed checkpoints and baseline the first one kept."""
+    docs = {}
+    runs = run_under(pytester, ("torchrun", "auto"), "llama3-dp2-eager or deepseek_v3-dp2-ep2-eager or "
+                     "llama3-dp2-aot_fx_trace-mp_default", cells=3, docs=docs)
+    assert len(runs["torchrun"]) == 3
+    for cell_id, ref in runs["torchrun"].items():
+        got = runs["auto"][cell_id]
+        assert (got["status"], got["failure_class"], got["failing_rank"]) == ("passed", None, None)
+        assert got["losses"] == ref["losses"] and len(got["losses"]) == 3, cell_id
+        assert got["grad_norms"] == ref["grad_norms"], cell_id
+        assert got["numerics"] == ref["numerics"], cell_id
+        assert (ref["launcher"], got["launcher"]) == ("torchrun", "fork")
+    assert docs["auto"]["meta"]["launcher"] == "fork"
+    assert [s["kept_from_earlier_run"] for s in docs["torchrun"]["seeds"]] == [False, False]
+    assert [s["kept_from_earlier_run"] for s in docs["auto"]["seeds"]] == [True, True]
+    assert [b["reused_from"] is not None for b in docs["auto"]["baselines"]] == [True]  # deepseek_v3-dp2-eager's
+    assert not marked("llama3-") and not marked("deepseek_v3-") and not marked("forkserver:")
 
 
 def test_slurm_launcher_matches_torchrun_on_real_cells(pytester, slurm):
@@ -282,7 +302,20 @@ def test_a_checkpoint_resumes_on_another_layout_in_the_cells_second_run(pytester
     second = next(d for d in cell["details"] if d.startswith("run 2 of 2 loaded the checkpoint"))
     assert second.startswith("run 2 of 2 loaded the checkpoint and trained steps 3-4 ")  # it resumed, not restarted
     assert second.endswith("/run2)") and sorted(cell["losses"]) == ["1", "2"]
-    log = "".join(p.read_text() for p in (Path(cell["log_dir"]) / "run2").rglob("std*.log"))
+    log = "".join(p.read_text() for p in (Path(cell["log_dir"]) / "run2").rglob("*.log"))  # (torchrun's, or rank<N>)
     assert "Finished loading the checkpoint" in log and "--parallelism.tensor_parallel_degree 2" in \
         (Path(cell["log_dir"]) / "run2" / "command.txt").read_text()
     assert not marked("llama3-dp2-eager-resume")
+
+
+def test_the_launcher_benchmark_runs_and_finds_the_default_equivalent_to_bare_torchrun():
+    """benchmarks/launchers.py, its cells mode on one real cell: it runs, prints the table, and bare torchrun and
+    the default launcher give bitwise the same losses and grad norms (its ratios are for a quiet machine, not here)."""
+    script = Path(__file__).parent.parent / "benchmarks" / "launchers.py"
+    out = subprocess.run([sys.executable, str(script), "cells", "--repeat", "1", "--cells", "llama3-dp2-eager",
+                          "--launchers", "auto"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "losses and grad norms bitwise identical to bare torchrun, every launcher, every cell, every run: True" \
+        in out.stdout, out.stdout
+    assert "verdicts: every cell passed under every launcher" in out.stdout
+    assert any(line.startswith("llama3-dp2-eager ") for line in out.stdout.splitlines()), out.stdout

@@ -40,3 +40,5 @@ def test_pp_runs_over_gloo(pytester):
     result.assert_outcomes(passed=1)
     cell = json.loads(out.read_text())["runs"][0]["cells"][0]
     assert sorted(cell["losses"]) == ["1", "2", "3"] and cell["losses"]["3"] < cell["losses"]["1"]
+    # the default launcher (auto: fork on CPU) does not fork 0.2, whose config manager binds sys.argv at import
+    assert cell["launcher"] == "local" and any("ConfigManager.parse_args binds sys.argv" in d for d in cell["details"])

@@ -4,17 +4,12 @@ import json
 
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix, launcher_ready, marked
+from conftest import FAKE_RANK, fake_matrix, launcher_ready, marked, module_matrix
 
 
-def module_matrix(modes, **kw):
-    """The fake rank as `python -m fake_rank`, the form the fork server can preload and fork."""
-    text = fake_matrix(modes=modes, **kw).replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"')
-    return text.replace("target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
-
-
-@pytest.mark.parametrize("launcher", ["fork", "local"])
-def test_fork_gives_the_same_verdicts_as_local(run_matrix, pytester, launcher):
+@pytest.mark.parametrize("launcher", ["auto", "fork", "local", "torchrun"])
+def test_the_fault_fakes_get_the_same_verdicts_under_every_launcher(run_matrix, pytester, launcher):
+    """auto is fork here (a CPU profile); torchrun is the reference: each launcher must give exactly this."""
     out = pytester.path / f"{launcher}.json"
     result = run_matrix(module_matrix(["pass", "fail", "segv", "exit3", "hang", "noresult"], timeout=5),
                         f"--simplefsdp-json={out}", launcher=launcher)
@@ -23,7 +18,10 @@ def test_fork_gives_the_same_verdicts_as_local(run_matrix, pytester, launcher):
     got = {cid: (c["failure_class"], c["failing_rank"]) for cid, c in cells.items()}
     assert got == {"pass-r2": (None, None), "fail-r2": ("runtime", 1), "segv-r2": ("crash", 1),
                    "exit3-r2": ("runtime", 1), "hang-r2": ("hang", 0), "noresult-r2": ("no_result", None)}
+    assert {c["launcher"] for c in cells.values()} == {"fork" if launcher == "auto" else launcher}
+    assert cells["fail-r2"]["error_line"] == "RuntimeError: fake failure on purpose"
     assert cells["pass-r2"]["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
+    assert cells["pass-r2"]["grad_norms"] == {"1": 1.0, "2": 1.0, "3": 1.0}
     assert "Current thread" in open(cells["hang-r2"]["rank_logs"]["1"][0]).read()  # stacks dumped
     assert "Fatal Python error: Segmentation fault" in open(cells["segv-r2"]["rank_logs"]["1"][0]).read()
     for cid in cells:

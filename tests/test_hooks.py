@@ -2,7 +2,6 @@
 changed after expansion, every record seen, and one more report format."""
 
 import json
-import textwrap
 
 from conftest import FAKE_RANK
 
@@ -99,7 +98,7 @@ def test_without_an_implementation_the_names_stay_unknown(pytester):
     result.stderr.fnmatch_lines(["*hooks.yaml:2: unknown target 'echo'; built in: titan03, titan02, or "
                                  "{command: [[]...[]]} (plugins add more: pytest_simplefsdp_make_target)*"])
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-launcher=counting")
-    result.stderr.fnmatch_lines(["*unknown launcher 'counting'; built in: torchrun, local, fork, slurm "
+    result.stderr.fnmatch_lines(["*unknown launcher 'counting'; built in: auto, torchrun, local, fork, slurm "
                                  "(plugins add more: pytest_simplefsdp_make_launcher)*"])
 
 

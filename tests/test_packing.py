@@ -4,7 +4,9 @@ import itertools
 import json
 import os
 
-from conftest import fake_matrix
+import pytest
+
+from conftest import fake_matrix, marked, module_matrix
 
 
 def intervals(run_json):
@@ -24,11 +26,16 @@ def overlap(a, b):
     return a[0] < b[1] and b[0] < a[1]
 
 
-def test_cells_run_at_once_within_the_ranks_budget(run_matrix, pytester):
+@pytest.mark.parametrize("launcher", ["local", "fork"])
+def test_cells_run_at_once_within_the_ranks_budget(run_matrix, pytester, launcher):
+    """Under fork, cells that run at once each get a server of their own (a server runs one cell at a time)."""
     out = pytester.path / "run.json"
-    text = fake_matrix(modes=["pass", "perturb", "nan", "fail"], args=', "--startup", "1.5"')
-    result = run_matrix(text, "--simplefsdp-jobs=auto", "--simplefsdp-max-ranks=4", f"--simplefsdp-json={out}")
+    text = module_matrix(modes=["pass", "perturb", "nan", "fail"], args=', "--startup", "1.5"')
+    result = run_matrix(text, "--simplefsdp-jobs=auto", "--simplefsdp-max-ranks=4", f"--simplefsdp-json={out}",
+                        launcher=launcher)
     result.assert_outcomes(passed=2, failed=2)  # verdicts as without packing
+    cells = json.loads(out.read_text())["runs"][0]["cells"]
+    assert {c["launcher"] for c in cells} == {launcher} and not marked("forkserver:")
     result.stdout.fnmatch_lines(["*nan-r2: [[]numerics[]] loss is nan at step 2*", "*fail-r2: [[]runtime[]]*"])
     spans = intervals(out)
     assert overlap(spans["pass-r2"], spans["perturb-r2"])  # 2 + 2 ranks fit the budget of 4

@@ -138,7 +138,7 @@ def test_junitxml_carries_axes_and_class(run_matrix, pytester):
     (["--simplefsdp-timeout=soon"], "*--simplefsdp-timeout: not a number: 'soon'*"),
     (["--simplefsdp-timeout=inf"], "*--simplefsdp-timeout must be a positive finite number, got inf*"),
     (["--simplefsdp-log-limit=0"], "*--simplefsdp-log-limit must be a positive finite number, got 0*"),
-    (["--simplefsdp-launcher=mpirun"], "*unknown launcher 'mpirun'; built in: torchrun, local, fork, slurm*"),
+    (["--simplefsdp-launcher=mpirun"], "*unknown launcher 'mpirun'; built in: auto, torchrun, local, fork, slurm*"),
 ])
 def test_bad_options_are_usage_errors(pytester, args, message):
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", *args)

@@ -19,7 +19,21 @@ def test_shim_says_what_it_applied_and_honours_skips():
     out = run_python("pass", SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP="cpu_sdpa_saved")
     assert out.returncode == 0, out.stderr
     assert ("[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,"
-            "dram_bandwidth_constant,fsdp2_sum_reduction; skipped: cpu_sdpa_saved") in out.stderr
+            "dram_bandwidth_constant,fsdp2_sum_reduction,end_of_run_sleep; skipped: cpu_sdpa_saved") in out.stderr
+
+
+SLEEP_CHECK = ("import time, torchtitan.trainer as t; start = time.monotonic(); t.time.sleep(2); "
+               "print(t.time is time, time.monotonic() - start >= 2, t.time.perf_counter() > 0)")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan.trainer") is None, reason="needs torchtitan 0.3")
+def test_the_end_of_run_sleep_patch_skips_only_the_trainers_sleep_and_can_be_switched_off():
+    """0.3's trainer ends every run with time.sleep(2) on rank 0; the patch makes that module's sleep return
+    at once (other time functions still work); SIMPLEFSDP_CPU_SHIM_SKIP=end_of_run_sleep brings it back."""
+    out = run_python(SLEEP_CHECK, SIMPLEFSDP_CPU_SHIM="titan03")
+    assert out.stdout.split() == ["False", "False", "True"], out.stderr
+    out = run_python(SLEEP_CHECK, SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP="end_of_run_sleep")
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr
 
 
 @pytest.mark.parametrize("env, message", [

@@ -4,7 +4,6 @@ torchtitan's real one, the mapping to our axes, and the coverage of our profiles
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -142,7 +141,7 @@ def test_source_upstream_makes_one_cell_per_upstream_test(tmp_path, monkeypatch)
     words = " ".join(argv)
     assert "--module graph_trainer.llama3 --config graph_trainer_llama3_debugmodel" in words
     assert "--parallelism.tensor_parallel_degree 2" in words and "--compile.mode aot_fx_trace" in words
-    assert f"--training.steps 5" in words and f"--dump_folder {tmp_path / 'dump'}" in words
+    assert "--training.steps 5" in words and f"--dump_folder {tmp_path / 'dump'}" in words
     resume = target.command(cells[1], dump_folder=tmp_path / "dump", run=1).argv  # its second run: upstream's steps
     assert target.runs(cells[1]) == 2 and resume[resume.index("--training.steps") + 1] == "20"
     path.write_text(SOURCE + "axes:\n  model: [llama3]\n")

@@ -9,7 +9,7 @@ from conftest import fake_matrix
 from pytest_simplefsdp.matrix import MatrixError
 from pytest_simplefsdp.verdict import load_known_failures, signature
 
-# error texts as torchtitan / PyTorch print them (see ../shared/notes and the upstream issues)
+# error texts as torchtitan / PyTorch print them (see the upstream issues the entries link)
 HOP_NEW = ("torch._dynamo.exc.Unsupported: HOP: Unsafe side effect\n  Higher Order Operator: "
            "torch.utils.checkpoint.checkpoint\n  Explanation: Mutating a variable from outside the scope of this "
            "HOP is not supported.\n  Developer debug context: Attempted to mutate UserDefinedObjectVariable("

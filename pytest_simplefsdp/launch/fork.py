@@ -1,6 +1,7 @@
 """The ``fork`` launcher: a server per target environment imports torch and the target once and forks
 fresh ranks for every cell (forkserver.py). Programs that are not ``python -m module`` of this
-interpreter run under ``local`` instead, and the cell says so."""
+interpreter, or whose target says they cannot be forked (torchtitan 0.2), run under ``local`` instead, and the
+cell says so."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class _ForkServer:
         self.proc = spawn([sys.executable, "-m", "pytest_simplefsdp.launch.forkserver", *preload], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                      bufsize=1, cwd=command.cwd, preexec_fn=die_with_parent(signal.SIGKILL))
-        self.ranks, self.replies = {}, []
+        self.ranks, self.replies, self.busy = {}, [], False
         self.changed = threading.Condition()
         first = self.proc.stdout.readline()
         if not first.startswith('{"ready"'):
@@ -93,32 +94,47 @@ class _ForkServer:
 class ForkLauncher(LocalLauncher):
     """A long-lived server per target environment imports torch and the target once, then forks
     one fresh child per rank per cell (see forkserver.py). Programs that are not ``python -m
-    module`` need a fresh interpreter: they run under the local launcher, and the cell says so.
+    module``, and those the target marks ``unforkable``, need a fresh interpreter: they run under the local
+    launcher, and the cell says so.
 
-    Known limit: environment read at import time (e.g. TORCH_TRACE) takes the server's value."""
+    A server is chosen by the cell's environment, less what differs per cell (its trace and evidence folders):
+    torch's logging re-reads the rank's environment in the child (TORCH_TRACE); anything else a module reads at
+    import comes from the server, so it must be part of that key."""
 
     name = "fork"
     PER_CELL_ENV = ("TORCH_TRACE", "SIMPLEFSDP_EVIDENCE_DIR")  # not part of which server a cell uses
 
     def __init__(self):
-        self.servers = {}
+        self.servers = {}  # environment key -> its servers; a server runs one cell at a time
+        self.count = 0
+        self.lock = threading.Lock()
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
+        why = spec.command.unforkable
         if python_module(spec.command.argv) is None or Path(spec.command.argv[0]) != Path(sys.executable):
+            why = "not a `python -m module` program of this interpreter"
+        if why:
             out = LocalLauncher().launch(spec)
-            out.notes.append("fork launcher: not a `python -m module` program of this interpreter; "
-                             "ran under the local launcher")
+            out.notes.append(f"fork launcher: {why}; ran under the local launcher")
             return out
         return super().launch(spec)
 
     def _server(self, command: RankCommand):
+        """An idle server of the command's environment, started when none is: cells that run at once
+        (--simplefsdp-jobs) each get their own, so a server's marker names exactly one cell's ranks."""
         env = {k: v for k, v in command.env.items() if k not in self.PER_CELL_ENV}
         key = json.dumps([env, command.cwd, command.preload], sort_keys=True)
-        if key not in self.servers:
-            module = python_module(command.argv)[0]
-            self.servers[key] = _ForkServer(RankCommand(command.argv, env, command.cwd),
-                                            [module, *command.preload], len(self.servers))
-        return self.servers[key]
+        with self.lock:
+            pool = self.servers.setdefault(key, [])
+            server = next((s for s in pool if not s.busy and s.proc.poll() is None), None)
+            if server is None:
+                module = python_module(command.argv)[0]
+                self.count += 1
+                server = _ForkServer(RankCommand(command.argv, env, command.cwd), [module, *command.preload],
+                                     self.count)
+                pool.append(server)
+            server.busy = True
+        return server
 
     def _start(self, spec, token, out):
         server = self._server(spec.command)
@@ -128,11 +144,20 @@ class ForkLauncher(LocalLauncher):
         logs = [str(spec.log_dir / f"rank{r}.log") for r in range(spec.nproc)]
         for r, log in enumerate(logs):
             out.rank_logs[r] = [Path(log)]
-        ranks = server.start({"module": module, "args": args, "envs": envs, "logs": logs, "cwd": spec.command.cwd})
-        return ranks, server.processes, lambda: None
+        try:
+            ranks = server.start({"module": module, "args": args, "envs": envs, "logs": logs, "cwd": spec.command.cwd})
+        except OSError:
+            server.busy = False
+            raise
+
+        def release():
+            server.busy = False
+
+        return ranks, server.processes, release
 
     def close(self):
-        for server in self.servers.values():
-            server.close()
+        for pool in self.servers.values():
+            for server in pool:
+                server.close()
         self.servers.clear()
 

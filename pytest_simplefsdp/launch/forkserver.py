@@ -46,10 +46,14 @@ def _rank(req, rank, server):
     os.close(fd)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
+    startup = getattr(sys.modules.get("sitecustomize"), "STARTUP_LINES", [])  # e.g. the CPU shim's patches
+    for line in startup:  # printed once by the server: every rank's log says it, as a fresh interpreter's would
+        os.write(2, (line + "\n").encode())
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     faulthandler.enable(all_threads=True)  # what PYTHONFAULTHANDLER=1 gives a fresh rank: a stack on SIGSEGV
     os.environ.clear()
     os.environ.update(req["envs"][rank])
+    _reread_environment()
     if req.get("cwd"):
         os.chdir(req["cwd"])
     sys.argv = [req["module"], *req["args"]]
@@ -71,6 +75,15 @@ def _rank(req, rank, server):
         except (OSError, ValueError):  # closed by the target
             pass
     return code
+
+
+def _reread_environment():
+    """What torch read from the environment when the server imported it, read again with the rank's, as a fresh
+    interpreter would have: its logging settings, TORCH_TRACE (the cell's compile trace) among them."""
+    internal = sys.modules.get("torch._logging._internal")
+    if internal is not None and hasattr(internal, "_init_logs"):
+        internal.LOG_TRACE_HANDLER = None  # a singleton made with the server's (unset) trace folder
+        internal._init_logs()
 
 
 def _say(obj):

@@ -34,7 +34,7 @@ class LocalLauncher:
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
         token = cell_token(spec)
-        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port)
+        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port, launcher=self.name)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             procs, finder, close = self._start(spec, token, out)

@@ -137,7 +137,7 @@ class SlurmLauncher:
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
         token = cell_token(spec)
-        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port)
+        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port, launcher=self.name)
         try:
             argv = self.srun_argv(spec)
         except ValueError as e:

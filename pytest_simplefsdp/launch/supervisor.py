@@ -47,6 +47,7 @@ class LaunchOutcome:
     launch_error: str | None = None
     port: int | None = None
     notes: list = field(default_factory=list)
+    launcher: str = ""  # the launcher that ran it (the cell's record says so)
 
 
 class Supervisor:

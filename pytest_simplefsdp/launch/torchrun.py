@@ -46,7 +46,7 @@ class TorchrunLauncher:
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
         token = cell_token(spec)
-        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port)
+        out = LaunchOutcome(reproducer=self.reproducer(spec), port=spec.port, launcher=self.name)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         out.launcher_log = spec.log_dir / "torchrun.log"
         with open(out.launcher_log, "wb") as f:

@@ -1,0 +1,78 @@
+"""Seed checkpoints and numerics baselines kept across runs by a content key (reuse.py); --simplefsdp-fresh.
+(The seed side runs on real cells: tests/test_e2e_titan.py.)"""
+
+import json
+
+from conftest import fake_matrix
+
+NUMERICS = """\
+numerics:
+  global_batch_size: 8
+  baseline: {mode: pass}
+  lanes:
+    - name: close
+      match: [{mode: perturb}]
+      rtol: 1.0e-5
+      atol: 1.0e-5
+    - name: exact
+"""
+
+
+def run_doc(path):
+    return json.loads(path.read_text())["runs"][0]
+
+
+def test_a_baseline_job_is_kept_and_used_again_until_an_input_changes_or_the_run_is_fresh(run_matrix, pytester):
+    data = pytester.path / "data.txt"  # a file the command names: its bytes enter the key
+    data.write_text("v1")
+    text = fake_matrix(modes=["pass", "perturb"], args=f', "--delta", "0.000001", "--flag", "{data}"', extra=NUMERICS)
+    reuse = pytester.path / ".simplefsdp" / "reuse"
+
+    def run(n, *args):
+        out = pytester.path / f"run{n}.json"
+        result = run_matrix(text, f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / f'runs{n}'}",
+                            *args)
+        return result, run_doc(out)
+
+    result, doc = run(1, "-k", "perturb")  # pass-r2 is not selected: its baseline job runs on its own
+    result.assert_outcomes(passed=1)
+    assert [(b["id"], b["reused_from"]) for b in doc["baselines"]] == [("baseline-pass-r2", None)]
+    kept = sorted(reuse.glob("baseline-pass-r2-*"))
+    assert len(kept) == 1 and (kept[0] / "reuse.json").is_file() and (kept[0] / "evidence").is_dir()
+
+    dry = run_matrix(text, "--simplefsdp-dry-run", "-k", "perturb")
+    dry.stdout.fnmatch_lines(["*::baseline-pass-r2 *baseline of 1 cells: perturb-r2  (kept from an earlier run: "
+                              "not run again)"])
+
+    result, doc = run(2, "-k", "perturb")
+    result.assert_outcomes(passed=1)
+    base = doc["baselines"][0]
+    assert base["reused_from"] == str(kept[0]) and base["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
+    assert "kept from an earlier run" in " ".join(base["details"])
+    assert doc["cells"][0]["numerics"]["baseline"] == "baseline-pass-r2"
+    assert not (pytester.path / "runs2" / "fake" / "baseline-pass-r2").exists()  # nothing of it ran
+
+    data.write_text("v2")  # an input changed: a new key, the job runs again and is kept beside the old one
+    result, doc = run(3, "-k", "perturb")
+    assert doc["baselines"][0]["reused_from"] is None and len(list(reuse.glob("baseline-pass-r2-*"))) == 2
+    assert (pytester.path / "runs3" / "fake" / "baseline-pass-r2" / "rank0.log").is_file()
+
+    result, doc = run(4, "-k", "perturb", "--simplefsdp-fresh")  # same key, but fresh: runs again, replaces it
+    assert doc["baselines"][0]["reused_from"] is None and len(list(reuse.glob("baseline-pass-r2-*"))) == 2
+    assert (pytester.path / "runs4" / "fake" / "baseline-pass-r2" / "rank0.log").is_file()
+
+    result, doc = run(5)  # a cell of the matrix always runs, even where a kept baseline has its axes
+    result.assert_outcomes(passed=2)
+    cells = {c["id"]: c for c in doc["cells"]}
+    assert (pytester.path / "runs5" / "fake" / "pass-r2" / "rank0.log").is_file()
+    assert cells["pass-r2"]["details"] == [] and doc["baselines"] == []
+
+
+def test_every_record_says_which_launcher_ran_it(run_matrix, pytester):
+    out = pytester.path / "run.json"
+    result = run_matrix(fake_matrix(modes=["pass"]), f"--simplefsdp-json={out}", launcher="auto")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["simplefsdp: fake.yaml profile=fake * launcher=fork (auto)*"])
+    doc = run_doc(out)
+    # a script is not `python -m module`: the fork launcher hands it to the local one, and the record says so
+    assert doc["meta"]["launcher"] == "fork" and doc["cells"][0]["launcher"] == "local"
