@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import uuid
 from pathlib import Path
+
+import psutil
 
 from .profiles import machine, versions
 
@@ -56,6 +59,21 @@ def content_key(command, skip: Path) -> str:
 class ReuseStore:
     def __init__(self, root: Path, fresh: bool):
         self.root, self.fresh = Path(root), fresh
+        self.sweep()
+
+    def sweep(self):
+        """Drop the unfinished folders of processes of this host that are gone: a session killed while it
+        made a seed leaves its scratch folder behind. A live process's folder, or another host's (the root
+        may be on a shared file system), is never touched."""
+        for path in self.root.glob(".*~*~*~*") if self.root.is_dir() else ():
+            _, host, pid, _ = path.name.rsplit("~", 3)
+            if host == platform.node() and pid.isdigit() and not psutil.pid_exists(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def _unfinished(name) -> str:
+        """``.<name>~<host>~<pid>~<hex>``: whose it is, for the sweep."""
+        return f".{name}~{platform.node()}~{os.getpid()}~{uuid.uuid4().hex[:8]}"
 
     def folder(self, name, key) -> Path:
         return self.root / f"{name}-{key}"
@@ -72,7 +90,7 @@ class ReuseStore:
 
     def scratch(self, name) -> Path:
         """A new folder for the job to write into; ``keep`` makes it the kept one."""
-        path = self.root / f".{name}-{uuid.uuid4().hex[:8]}"
+        path = self.root / self._unfinished(name)
         path.mkdir(parents=True)
         return path
 
@@ -87,7 +105,7 @@ class ReuseStore:
             shutil.rmtree(scratch, ignore_errors=True)
             return final
         if final.exists():
-            old = final.rename(self.root / f".old-{name}-{uuid.uuid4().hex[:8]}")
+            old = final.rename(self.root / self._unfinished(f"old-{name}"))
         scratch.rename(final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

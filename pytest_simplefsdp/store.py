@@ -28,8 +28,9 @@ class ResultStore:
         """A judged result of this process: its result.json now, its record on the next test report."""
         rec = run.record_of(result)
         rec.update(type=kind, matrix=run.name)
-        Path(result.log_dir).mkdir(parents=True, exist_ok=True)
-        (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
+        if not result.reused_from:  # a kept job's folder is shared by later runs: this run writes nothing there
+            Path(result.log_dir).mkdir(parents=True, exist_ok=True)
+            (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
         with self.lock:
             self.pending.append(rec)
         return rec

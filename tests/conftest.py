@@ -42,6 +42,19 @@ def module_matrix(modes, **kw):
     return text.replace("target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
 
 
+NUMERICS = """\
+numerics:
+  global_batch_size: 8
+  baseline: {mode: pass}
+  lanes:
+    - name: close
+      match: [{mode: perturb}, {mode: nan}]
+      rtol: 1.0e-5
+      atol: 1.0e-5
+    - name: exact
+"""  # the fake target's numerics: perturb and nan cells compared with pass
+
+
 KF = """\
 - id: fake-known
   when: {mode: fail}

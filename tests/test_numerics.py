@@ -5,21 +5,9 @@ import json
 
 import pytest
 
-from conftest import fake_matrix
+from conftest import NUMERICS, fake_matrix
 from pytest_simplefsdp.matrix import Lane
 from pytest_simplefsdp.numerics import compare
-
-NUMERICS = """\
-numerics:
-  global_batch_size: 8
-  baseline: {mode: pass}
-  lanes:
-    - name: close
-      match: [{mode: perturb}, {mode: nan}]
-      rtol: 1.0e-5
-      atol: 1.0e-5
-    - name: exact
-"""
 
 
 def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, pytester):

@@ -2,20 +2,12 @@
 (The seed side runs on real cells: tests/test_e2e_titan.py.)"""
 
 import json
+import os
+import platform
+import subprocess
+import sys
 
-from conftest import fake_matrix
-
-NUMERICS = """\
-numerics:
-  global_batch_size: 8
-  baseline: {mode: pass}
-  lanes:
-    - name: close
-      match: [{mode: perturb}]
-      rtol: 1.0e-5
-      atol: 1.0e-5
-    - name: exact
-"""
+from conftest import NUMERICS, fake_matrix
 
 
 def run_doc(path):
@@ -44,10 +36,19 @@ def test_a_baseline_job_is_kept_and_used_again_until_an_input_changes_or_the_run
     dry.stdout.fnmatch_lines(["*::baseline-pass-r2 *baseline of 1 cells: perturb-r2  (kept from an earlier run: "
                               "not run again)"])
 
+    # unfinished folders a killed session left (its pid is gone) are swept; a live process's folder stays
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = platform.node()
+    dead, live, other = (reuse / f".seed-llama3~{h}~{pid}~0a1b2c3d" for h, pid in
+                         [(host, gone.stdout.strip()), (host, os.getpid()), ("elsewhere", gone.stdout.strip())])
+    for folder in (dead, live, other):
+        folder.mkdir()
     result, doc = run(2, "-k", "perturb")
     result.assert_outcomes(passed=1)
+    assert not dead.exists() and live.is_dir() and other.is_dir()
     base = doc["baselines"][0]
     assert base["reused_from"] == str(kept[0]) and base["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
+    assert sorted(p.name for p in kept[0].iterdir()) == ["evidence", "reuse.json"]  # the run wrote nothing there
     assert "kept from an earlier run" in " ".join(base["details"])
     assert doc["cells"][0]["numerics"]["baseline"] == "baseline-pass-r2"
     assert not (pytester.path / "runs2" / "fake" / "baseline-pass-r2").exists()  # nothing of it ran
