@@ -29,7 +29,7 @@ from .runner import CellRunner
 from .schedule import Packer
 from .store import ResultStore
 from .targets import ROOT
-from .progress import ESTIMATE, Progress, stored_walls
+from .progress import Progress, estimate, stored_walls
 from .upstream import UPSTREAM_AXES
 from .verdict import apply, could_apply, load_known_failures, update_file
 
@@ -347,7 +347,8 @@ class Controller:
         expected = {}
         for item in cells:
             k = item.run.key(item.cell.id)
-            expected[k] = walls.get(k) or ESTIMATE[str(item.run.matrix.device)](item.cell.world)
+            expected[k] = walls.get(k) or estimate(str(item.run.matrix.device),
+                                                   self.runner.launcher_for(item.run).name, item.cell.world)
         return Progress(expected, min(jobs, len(cells) or 1), source, stored=set(walls) & set(expected))
 
     @pytest.hookimpl(wrapper=True)

@@ -76,7 +76,7 @@ def _plan(session, tr):
     stored = sum(1 for k in session.progress.expected if k in session.progress.stored)
     tr.write_line(f"times: {stored} of {len(session.progress.expected)} cells from stored runs"
                   + (f" (newest: {session.progress.source})" if session.progress.source else "")
-                  + "; the others estimated per cell size (CPU: 20 s + 10 s per rank; GPU: 60 s)")
+                  + "; the others estimated per cell size (CPU: the measured median under its launcher; GPU: 60 s)")
 
 
 def _job(session, tr, run, cell, note=""):

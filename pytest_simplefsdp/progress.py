@@ -7,9 +7,24 @@ import json
 import time
 from pathlib import Path
 
-# seconds a cell of N ranks takes when no stored run says better: measured on 2 CPU cores (gloo, 3 steps,
-# debug models: 10 s to 2 min, most of it imports and tracing) and on GPU hosts (8-GPU debug cells ~1 min)
-ESTIMATE = {"cpu": lambda world: 20 + 10 * world, "cuda": lambda world: 60.0}
+# seconds a CPU cell of N ranks takes when no stored run says better: the medians of the CPU profile's cells
+# of 2, 4 and 8 ranks on 2 cores (gloo, 3 steps; benchmarks/launchers.py profile), forked and as torchrun jobs
+# (local and slurm start ranks as torchrun does). More cores make it an over-estimate until a run is stored.
+CPU_MEDIANS = {"fork": {2: 12.0, 4: 22.0, 8: 109.0}, "torchrun": {2: 24.0, 4: 42.0, 8: 158.0}}
+GPU_CELL = 60.0  # an 8-GPU debug cell on a GPU host
+
+
+def estimate(device: str, launcher: str, world: int) -> float:
+    """A cell's expected seconds: linear between the measured sizes, the nearest one outside them."""
+    if device != "cpu":
+        return GPU_CELL
+    table = CPU_MEDIANS["fork" if launcher == "fork" else "torchrun"]
+    sizes = sorted(table)
+    if world <= sizes[0] or world >= sizes[-1]:
+        return table[sizes[0] if world <= sizes[0] else sizes[-1]]
+    lo = max(n for n in sizes if n <= world)
+    hi = min(n for n in sizes if n >= world)
+    return table[lo] if lo == hi else table[lo] + (table[hi] - table[lo]) * (world - lo) / (hi - lo)
 
 
 def stored_walls(runs_dir: Path, profiles: set, newest=20) -> tuple[dict, str | None]:

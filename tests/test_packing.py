@@ -88,3 +88,15 @@ def test_plan_prints_the_schedule_from_a_stored_runs_times(run_matrix, pytester)
                                  f"times: 2 of 2 cells from stored runs (newest: {pytester.path / 'runs'}); *"])
     records = [json.loads(line) for line in (pytester.path / "runs" / "results.jsonl").read_text().splitlines()]
     assert sum(r.get("type") == "cell" for r in records) == 2  # the first run's: the plan launched nothing
+
+
+@pytest.mark.parametrize("launcher, seconds", [("fork", 12), ("torchrun", 24), ("local", 24)])
+def test_plan_without_stored_runs_uses_the_launchers_measured_estimate(run_matrix, launcher, seconds):
+    """No stored run: a 2-rank CPU cell counts the profile benchmark's 2-rank median for the launcher that
+    will run it (forked cells take about half a torchrun job's time)."""
+    result = run_matrix(fake_matrix(modes=["pass", "fail"]), "--simplefsdp-plan", "--simplefsdp-max-ranks=2",
+                        launcher=launcher)
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines([f"      0s ->      {seconds}s  2 ranks          fake::pass-r2",
+                                 f"     {seconds}s ->      {2 * seconds}s  2 ranks          fake::fail-r2",
+                                 "times: 0 of 2 cells from stored runs*"])
