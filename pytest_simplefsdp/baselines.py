@@ -71,6 +71,7 @@ class Book:
         self.kept = ReuseStore(self.cache_dir / "reuse", fresh)  # seeds and baseline jobs of earlier runs
         self.lock = threading.RLock()  # cells may run in threads; each seed and baseline is made once
         self.seeds = {}  # (run name, model) -> Path | Unavailable
+        self.seed_jobs = {}  # (run name, model) -> SeedJob | None: its key hashes files, so once per model
         self.seed_records = {}  # run name -> [{model, folder, kept}] of the seeds this process used
         self.baselines = {}  # (run name, axes key) -> CellResult | Unavailable
         self.passed = {}  # (run name, axes key) -> CellResult of a cell of this process that passed
@@ -94,12 +95,15 @@ class Book:
         if not run.matrix.numerics or "model" not in cell.axes:
             return None
         model = cell.axes["model"]
-        command = run.target.seed_command(model, Path("@seed"))
-        if command is None:
-            return None
-        name, key = f"seed-{model}", content_key(command, self.cache_dir)
-        folder = self.kept.folder(name, key)
-        return SeedJob(model, name, key, folder, run.target.seed_command(model, folder))
+        if (run.name, model) not in self.seed_jobs:
+            command = run.target.seed_command(model, Path("@seed"))
+            job = None
+            if command is not None:
+                name, key = f"seed-{model}", content_key(command, self.cache_dir)
+                folder = self.kept.folder(name, key)
+                job = SeedJob(model, name, key, folder, run.target.seed_command(model, folder))
+            self.seed_jobs[(run.name, model)] = job
+        return self.seed_jobs[(run.name, model)]
 
     def seed_for(self, run, cell) -> Path | Unavailable | None:
         """The seed checkpoint of the cell's model: kept from an earlier run, else made once per run (and kept)."""
