@@ -21,7 +21,7 @@ from .baselines import Book, Unavailable
 from .items import CellItem, MatrixCollector
 from .kinds import Device, FailureClass, Status
 from .launch import LAUNCHERS, kill_procs, session_leftovers
-from .matrix import MatrixError
+from .matrix import MatrixError, SourceUnavailable
 from .options import settings
 from .profiles import MATRIX_DIR, MatrixRun, cuda_device_ids, matrix_files
 from .results import CellResult
@@ -72,10 +72,10 @@ def load_known(config, s, runs, cache_dir):
         if not any(r.matrix.path.resolve() == p.resolve() and r.matrix.tier == "real" for r in runs):
             try:
                 profiles.append(MatrixRun(p, config, cache_dir))
-            except MatrixError as e:
-                if "source upstream" not in str(e):  # a broken shipped profile is an error, not an unknown axis later
-                    raise pytest.UsageError(f"a shipped profile does not load: {e}") from None
+            except SourceUnavailable:
                 unloadable.add(p.stem)  # an upstream-sourced profile whose torchtitan is not installed here
+            except MatrixError as e:  # a broken shipped profile is an error, not an unknown axis later
+                raise pytest.UsageError(f"a shipped profile does not load: {e}") from None
     axis_names = {a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES
     try:
         known = load_known_failures(path, axis_names, allow_todo_links=s.update_known_failures,

@@ -58,6 +58,10 @@ class MatrixError(Exception):
     """A matrix file that cannot be used; the message names file, line and value."""
 
 
+class SourceUnavailable(MatrixError):
+    """A well-formed `source: upstream` matrix whose torchtitan (and its tests) is not installed here."""
+
+
 @dataclass
 class Rule:
     name: str
@@ -277,7 +281,7 @@ def _source(path, doc, lines):
     try:
         return {t.name: t for t in upstream.load(gen=gen)}
     except (LookupError, ImportError) as e:
-        raise MatrixError(f"{lines['source']}: source upstream (torchtitan {gen}): {e}") from None
+        raise SourceUnavailable(f"{lines['source']}: source upstream (torchtitan {gen}): {e}") from None
 
 
 def _axes(path, doc, lines):

@@ -147,6 +147,20 @@ def test_source_upstream_makes_one_cell_per_upstream_test(tmp_path, monkeypatch)
     path.write_text(SOURCE + "axes:\n  model: [llama3]\n")
     with pytest.raises(Exception, match="a matrix with `source: upstream` takes its cells from upstream; it has no"):
         load_matrix(path)
+    # a suite that is not installed here is SourceUnavailable (shipped profiles of it are skipped); a file
+    # with a wrong target is broken, whatever it says about upstream
+    from pytest_simplefsdp.matrix import MatrixError, SourceUnavailable
+
+    def missing(gen=None, root=None):
+        raise LookupError("torchtitan 0.3's graph_trainer tests are not installed")
+    monkeypatch.setattr(upstream, "load", missing)
+    path.write_text(SOURCE)
+    with pytest.raises(SourceUnavailable, match=r"upstream.yaml:3: source upstream \(torchtitan 0.3\): .*not installed"):
+        load_matrix(path)
+    path.write_text(SOURCE.replace("target: titan03", "target: titan04"))
+    with pytest.raises(MatrixError, match="source upstream needs target titan03 or titan02") as bad:
+        load_matrix(path)
+    assert not isinstance(bad.value, SourceUnavailable)
 
 
 def test_the_shipped_upstream_profile_lists_the_installed_suite(pytester):
