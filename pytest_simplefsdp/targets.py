@@ -342,6 +342,7 @@ class Titan03(TorchtitanTarget):
         return flags
 
     def run_flags(self, steps, local_batch):
+        """Our run settings and where the assets are (steps and batch given: upstream runs and numerics set them)."""
         s = self.matrix.settings
         return [
             Flag("training.steps", steps, "setting steps"),
@@ -538,8 +539,10 @@ class Titan02(TorchtitanTarget):
         a, s = cell.axes, self.matrix.settings
         test = self.upstream_test(a)
         custom = Flag("job.custom_config_module", self.CUSTOM_CONFIG, "target")
+        ours = [*self.run_flags(s.get("steps", 3), s.get("local_batch_size", 2)),
+                Flag("job.dump_folder", dump_folder, "target")]
         if test:  # our job config and run settings, upstream's flags of that run on top
-            flags = [Flag("job.config_file", self.JOB_TOML, "target"), custom, *self.run_flags(dump_folder)]
+            flags = [Flag("job.config_file", self.JOB_TOML, "target"), custom, *ours]
             return merged(flags + [Flag(k, v, f"upstream {test.name} run {run + 1}")
                                    for k, v in options(test.runs[run]).items() if k not in self.OURS])
         facts = self.matrix.models[a["model"]]
@@ -553,18 +556,18 @@ class Titan02(TorchtitanTarget):
         flags.append(Flag("activation_checkpoint.mode", "selective" if ac == "op" else ac, f"axis ac={ac}"))
         if ac == "op":
             flags.append(Flag("activation_checkpoint.selective_ac_option", "op", "axis ac=op"))
-        return merged(flags + self.run_flags(dump_folder) + self.feature_flags(a, run))
+        return merged(flags + ours + self.feature_flags(a, run))
 
-    def run_flags(self, dump_folder):
+    def run_flags(self, steps, local_batch):
+        """Titan03.run_flags in 0.2's spelling (its seed and assets options sit in other sections)."""
         s = self.matrix.settings
         return [
-            Flag("training.steps", s.get("steps", 3), "setting steps"),
+            Flag("training.steps", steps, "setting steps"),
             Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
-            Flag("training.local_batch_size", s.get("local_batch_size", 2), "setting local_batch_size"),
+            Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
             Flag("training.seed", s.get("seed", 42), "setting seed"), Flag("training.deterministic", True, "target"),
             Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
             Flag("model.hf_assets_path", self.tokenizer, "target"), Flag("training.dataset_path", self.dataset, "target"),
-            Flag("job.dump_folder", dump_folder, "target"),
         ]
 
     def command(self, cell, dump_folder: Path, run=0, **_):
