@@ -52,8 +52,7 @@ def render(doc, folder: Path) -> str:
             models.setdefault(rec["axes"].get("model", ""), []).append(rec)
         for model, cells in models.items():
             out.append(f"<h3>{_e(model or meta.get('matrix'))}</h3>")
-            sub = {"meta": meta, "dropped": [dict(d, row=report.strip_model(d["row"], model)) for d in run["dropped"]
-                                              if d["axes"].get("model", "") == model],
+            sub = {**report.model_grid(run, model),
                    "cells": [{**rec, "row": report.strip_model(rec["row"], model),
                               "status": _cell(rec, link, changes.get(report.key(meta, rec)))} for rec in cells]}
             headers, body = report.grid(sub, symbols=False)

@@ -137,7 +137,9 @@ class MatrixRun:
                 "target": self.target.name, "device": str(self.matrix.device), "launcher": launcher,
                 "versions": versions(), **machine(), "date": datetime.date.today().isoformat(),
                 "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": str(self.matrix.tier),
-                "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells))}
+                "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells)),
+                "valid": [dict(zip(("model", "row", "column"), (c.axes.get("model", ""), *self.labels(c.axes))))
+                          for c in self.cells]}
 
     def labels(self, axes):
         """(row, column) labels for the table: columns are compile x backend x memory policy (an upstream test

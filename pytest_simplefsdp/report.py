@@ -24,6 +24,8 @@ from .verdict import load_known_failures, rejudge, signature
 WALLTIME_PLOT = "walltime.png"
 SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
            "dropped": "n/a"}
+NOT_RUN = "·"  # a valid cell this run did not select; a blank is a combination the matrix's `exclude` removed
+GRID_KEY = f"{NOT_RUN} valid, not run this time · blank: not in the profile (its `exclude`)"
 
 
 def load_run(path):
@@ -117,6 +119,9 @@ def grid(run, markdown=False, symbols=True):
     for rec in run["dropped"]:
         if rec["row"] in rows and rec["column"] in cols:
             rows[rec["row"]].setdefault(rec["column"], "n/a" if symbols else STATUS_MD["dropped"])
+    for place in run.get("valid", run.get("meta", {}).get("valid", [])):
+        if place["row"] in rows and place["column"] in cols:
+            rows[place["row"]].setdefault(place["column"], NOT_RUN)
     for rec in cells:
         rows[rec["row"]][rec["column"]] = cell_text(rec, markdown) if symbols else rec["status"]
     headers = ["layout", *cols]
@@ -196,6 +201,8 @@ def render_text(doc):
         if run["cells"]:
             headers, body = grid(run)
             out.append(tabulate(body, headers=headers, tablefmt="simple"))
+            if any(v in ("", NOT_RUN) for row in body for v in row[1:]):
+                out.append(GRID_KEY)
         if run.get("mutants"):
             out.append(tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="simple"))
         out.extend(footnotes(run))
@@ -226,7 +233,7 @@ def mutation_rows(run, width=110):
 STATUS_MD = {"passed": "✅", "failed": "❌", "xfailed": "🚧", "xpassed": "⚠️", "skipped": "⏭️", "dropped": "➖"}
 LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 known flaky · ⚠️ known failure that passed "
           "(XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) · 🆕 newly broken · 🎉 newly fixed · "
-          "🔀 failure signature changed since the compared run")
+          "🔀 failure signature changed since the compared run · " + GRID_KEY)
 TRACE_NOTE = ("TRACE TIER: each cell ran as ONE simulated rank on a CPU machine (fake process group): config, "
               "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run")
 MARKS = {"newly broken": "🆕", "newly fixed": "🎉", "changed signature": "🔀"}
@@ -252,8 +259,7 @@ def render_md(doc):
             out.append(f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, {versions}, "
                        f"{meta.get('date', '')}{where_line(meta)}")
             out.append("")
-            sub = {"meta": meta, "cells": [], "dropped": [dict(d, row=strip_model(d["row"], model)) for d in run["dropped"]
-                                            if d["axes"].get("model", "") == model]}
+            sub = model_grid(run, model)
             for rec in cells:
                 symbol = "🔁" if rec.get("flaky") else STATUS_MD.get(rec["status"], rec["status"])
                 mark = MARKS.get(changes.get(key(meta, rec), ""), "")
@@ -355,6 +361,15 @@ def status_view_md(run):
             out.append(f"- [{state}] {name}: {passed} of {len(cells)} cells pass{links}")
         out.append("")
     return out
+
+
+def model_grid(run, model):
+    """A run's grid input for one model's table (no cells yet): its dropped and valid places, rows without it."""
+    return {"meta": run["meta"], "cells": [],
+            "dropped": [dict(d, row=strip_model(d["row"], model)) for d in run["dropped"]
+                        if d["axes"].get("model", "") == model],
+            "valid": [dict(v, row=strip_model(v["row"], model)) for v in run["meta"].get("valid", [])
+                      if v.get("model", "") == model]}
 
 
 def strip_model(row, model):

@@ -41,6 +41,14 @@ class DroppedRecord(Record):
     column: str
 
 
+class Place(Record):
+    """Where a valid cell of the matrix sits in the table (its model's grid, row and column)."""
+
+    model: str = ""
+    row: str
+    column: str
+
+
 class RunMeta(Record):
     matrix: str
     profile: str
@@ -53,6 +61,7 @@ class RunMeta(Record):
     dropped_cells: int = 0
     tier: Tier = Tier.REAL
     columns: list[str] = []
+    valid: list[Place] = []  # every valid cell's place, selected or not (older runs: none)
 
 
 class RunRecord(Record):

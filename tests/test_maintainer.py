@@ -5,6 +5,7 @@ command editing the file as a person would."""
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -390,3 +391,21 @@ def test_update_keeps_untouched_lines_and_section_comments_and_follows_a_changed
 
 def test_signature_keeps_addresses_as_documented():
     assert signature("at 0x7f3a2c1d9e80 in rank 3") == "at 0xADDR in rank N"
+
+
+def test_the_grid_tells_a_cell_not_run_from_a_combination_the_matrix_excludes(run_matrix, pytester):
+    """A blank is a combination `exclude` removed; a valid cell this run did not select shows as "·" (the
+    terminal table, the status table and the stored run alike)."""
+    text = fake_matrix().replace("axes:\n  mode: ['pass']\n  ranks: [2]\n", FEATURES)
+    md, js = pytester.path / "status.md", pytester.path / "run.json"
+    result = run_matrix(text, "-k", "not (pass and jit and none)", f"--simplefsdp-status-md={md}",
+                        f"--simplefsdp-json={js}")
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.re_match_lines([r"layout +eager none +eager full +jit none +jit full$",
+                                  r"pass r2 +pass \d+s +pass \d+s +· +pass \d+s$",
+                                  r"fail r2 +FAIL runtime \d+s +FAIL runtime \d+s$",
+                                  r"· valid, not run this time · blank: not in the profile \(its `exclude`\)$"])
+    status = md.read_text()
+    assert re.search(r"^\| pass r2 +\| ✅ +\| ✅ +\| · +\| ✅ +\|$", status, re.M), status
+    assert re.search(r"^\| fail r2 +\| ❌\[\^1\] +\| +\| ❌\[\^2\] +\| +\|$", status, re.M), status
+    assert report_tool(js, "--format", "md").stdout == status  # from the stored run alone
