@@ -238,3 +238,15 @@ def test_a_shipped_profile_that_does_not_load_is_named_not_skipped(pytester, mon
                                           "--simplefsdp-dry-run", "--co", "-q")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*a shipped profile does not load: */shipped/h100x8.yaml:*: *gemma*"])
+    # an upstream profile with a wrong target is broken too; only a suite not installed here is skipped (its
+    # error said "source upstream" as well, and the check once went by that text)
+    (shipped / "h100x8.yaml").write_text((MATRIX_DIR / "h100x8.yaml").read_text())
+    assert pytester.runpytest_inprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
+                                        "--simplefsdp-dry-run", "--co", "-q").ret == pytest.ExitCode.OK
+    upstream = shipped / "upstream.yaml"
+    upstream.write_text(upstream.read_text().replace("target: titan03", "target: titan3"))
+    result = pytester.runpytest_inprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
+                                          "--simplefsdp-dry-run", "--co", "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*a shipped profile does not load: */shipped/upstream.yaml:*: source upstream needs "
+                                 "target titan03 or titan02, got 'titan3'"])
