@@ -239,8 +239,10 @@ def _stopped(outcome, texts, res):
         return (FailureClass.HANG, f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}",
                 outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
     if outcome.log_flood:
+        cut = sorted(r for r, paths in outcome.rank_logs.items() if set(map(str, paths)) & set(outcome.cut_logs))
         return (FailureClass.RUNTIME, f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell "
-                                      f"was stopped and its logs were cut")
+                                      f"was stopped and its logs were cut (ranks that wrote past it: "
+                                      f"{', '.join(map(str, cut)) or 'none: the launcher itself'})", cut[0] if cut else None)
     return None
 
 

@@ -22,10 +22,13 @@ from pytest_simplefsdp.targets import RankCommand
 @pytest.mark.parametrize("launcher", ["local", "torchrun"])
 def test_output_flood_is_capped(run_matrix, pytester, launcher):
     text = fake_matrix(modes=["flood"], args=', "--flood-mb", "200"', timeout=120)
-    result = run_matrix(text, "--simplefsdp-log-limit=8", launcher=launcher)
+    out = pytester.path / "run.json"
+    result = run_matrix(text, "--simplefsdp-log-limit=8", f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*flood-r2: [[]runtime[]] log output passed the limit of 8 MB; the cell was "
-                                 "stopped and its logs were cut*"])
+                                 "stopped and its logs were cut (ranks that wrote past it: 1)*",
+                                 "  first failing rank: 1*"])
+    assert json.loads(out.read_text())["runs"][0]["cells"][0]["failing_rank"] == 1
     logs = list((pytester.path / "runs" / "fake" / "flood-r2").rglob("*.log"))
     assert sum(p.stat().st_size for p in logs) < 16 * 2**20
     assert any(p.read_bytes().endswith(b"passed the log limit\n") for p in logs)

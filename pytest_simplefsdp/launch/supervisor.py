@@ -39,6 +39,7 @@ class LaunchOutcome:
     timed_out: bool = False
     stuck_ranks: list = field(default_factory=list)
     log_flood: int = 0  # the log limit in bytes that the cell's output passed
+    cut_logs: list = field(default_factory=list)  # the logs cut after a flood (whose ranks wrote past the limit)
     wall: float = 0.0
     rank_logs: dict = field(default_factory=dict)  # rank -> [paths]
     launcher_log: Path | None = None
@@ -75,6 +76,7 @@ class Supervisor:
         """After a flood: cut every log to the limit and say so at its end."""
         for path in self.spec.log_dir.rglob("*.log"):
             if path.stat().st_size > self.spec.log_limit_bytes // 2:
+                self.outcome.cut_logs.append(str(path))
                 os.truncate(path, self.spec.log_limit_bytes // 2)
                 with open(path, "ab") as f:
                     f.write(b"\n[simplefsdp] log cut here: the cell's output passed the log limit\n")
