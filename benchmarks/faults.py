@@ -144,7 +144,7 @@ def rank_row(fault, before, text, args, launcher):
         codes = f", exit codes {cell['exit_codes']}" if cell.get("exit_codes") and cell["status"] != "passed" else ""
         if cell["status"] == "passed":
             said = f"losses {cell.get('losses')}"
-        verdict = f"{cell['status']} {cell.get('failure_class') or ''}{rank}{codes}: {said}".replace("  ", " ")
+        verdict = " ".join(filter(None, [cell["status"], cell.get("failure_class")])) + f"{rank}{codes}: {said}"
         for r, paths in sorted((cell.get("rank_logs") or {}).items()):
             texts = [Path(p).read_text(errors="replace") if os.path.exists(p) else "" for p in paths]
             if "SIGSEGV" in fault:
