@@ -33,8 +33,13 @@ CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", "configs.py\
 CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is not a valid")
 
 # what a native crash prints before the signal (the first one names the cause)
-CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$")
+# what a native crash printed before it died: C++ terminate, glibc's heap checks ("malloc(): unaligned tcache
+# chunk detected", "free(): invalid pointer"), assertions
+CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$"
+                        r"|^(?:malloc|free|realloc|calloc|munmap_chunk|malloc_consolidate|tcache_thread_shutdown"
+                        r"|_int_\w+)\(\): .*$")
 FAULTHANDLER = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 # the typed fields of a result: a word outside its vocabulary is an error where it is set, not a wrong report
 TYPED = {"status": Status, "failure_class": FailureClass, "mutation": Mutation}
@@ -192,6 +197,25 @@ def classify(error_line, frames, exit_code):
     return "runtime"
 
 
+def crash_site(text, frames=3):
+    """Where Python was when the rank died, from faulthandler's dump: the innermost frames of the current thread
+    (else of the thread that was not idle in threading.py), files cut to their package path."""
+    blocks = [b for b in re.split(r"(?m)^(?=(?:Current thread|Thread) 0x)", text) if FAULTHANDLER.match(b)]
+    if not blocks:
+        return ""
+    block = next((b for b in blocks if b.startswith("Current thread")), None) or next(
+        (b for b in blocks if "threading.py" not in b.split("\n", 2)[1]), blocks[-1])
+    found = [FRAME.match(line) for line in block.splitlines()[1:]]
+    found = [m for m in found if m][:frames]
+    return " <- ".join(f"{_package_path(m['file'])}:{m['line']} {m['func']}" for m in found)
+
+
+def _package_path(path):
+    """site-packages/torchtitan/train.py -> torchtitan/train.py; other paths keep their last two parts."""
+    parts = path.split("site-packages/", 1)
+    return parts[1] if len(parts) == 2 else "/".join(path.split("/")[-2:])
+
+
 def signal_name(code):
     try:
         return signal.Signals(-code).name
@@ -257,7 +281,8 @@ def _rank_failure(outcome, texts):
         if code is not None and code < 0 and code != -signal.SIGTERM:
             hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(text)), None)
             line = f"rank {failed} killed by {signal_name(code)}" + (f": {hint}" if hint else "")
-            return FailureClass.CRASH, line, failed, line
+            site = crash_site(text)
+            return FailureClass.CRASH, line, failed, line + (f"\nPython was in (faulthandler): {site}" if site else "")
         if exc:
             return classify(exc[0], exc[2], code), exc[0], failed, exc[1]
         line = fallback_error(text) or f"rank {failed} exited with code {code}"

@@ -67,3 +67,20 @@ def test_pp_stages_without_the_loss_are_not_the_cell_losses():
     assert losses == {1: 8.1324, 2: 7.9001} and grads == {1: 7.9, 2: 7.1}
     assert cell_losses({0: first_stage}) == ({}, {})  # only sentinels: no loss was logged
     assert cell_losses({0: "step:  1  loss: -1.0000\nstep:  2  loss:  0.5\n"})[0] == {1: -1.0, 2: 0.5}  # a real -1
+
+
+def test_a_heap_abort_names_glibcs_message_and_where_python_was():
+    """A torchtitan 0.2 EP cell (gloo all_to_all) died of SIGABRT after glibc's heap check; the record said only
+    "rank 0 killed by SIGABRT". It now carries the message and faulthandler's innermost frames."""
+    from pytest_simplefsdp.cells import Cell
+    from pytest_simplefsdp.launch import LaunchOutcome
+    from pytest_simplefsdp.results import build_result
+
+    log = DATA / "titan02_ep_heap_abort.log"
+    outcome = LaunchOutcome(exit_codes={0: -6, 1: -15}, first_failed_rank=0, rank_logs={0: [str(log)]})
+    res = build_result(Cell("ep-eager", {"mode": "x"}, 2, False, "m.yaml:1"), outcome, log.parent)
+    assert res.failure_class == "crash" and res.failing_rank == 0
+    assert res.error_line == "rank 0 killed by SIGABRT: malloc(): unaligned tcache chunk detected"
+    assert ("Python was in (faulthandler): torch/_ops.py:1209 __call__ <- torch/distributed/_functional_collectives.py"
+            ":540 all_to_all_single_autograd <- torchtitan/distributed/expert_parallel.py:110 _token_dispatch"
+            in res.error_text)
