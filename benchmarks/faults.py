@@ -129,8 +129,8 @@ def pytest_run(tmp, matrix_text, args, kf_text=None):
 def rank_row(fault, before, text, args, launcher):
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         (Path(tmp) / "unguarded_rank.py").write_text(UNGUARDED)
-        proc, wall = pytest_run(tmp, text.replace(str(FAKES), f"{FAKES}:{tmp}"),
-                                [f"--simplefsdp-launcher={launcher}", *args])
+        proc, _ = pytest_run(tmp, text.replace(str(FAKES), f"{FAKES}:{tmp}"),
+                             [f"--simplefsdp-launcher={launcher}", *args])
         time.sleep(0.5)  # what the run left behind has had its moment to die
         left = alive_under(tmp)
         try:

@@ -32,9 +32,8 @@ CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", "configs.py\
                  "validate_config")
 CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is not a valid")
 
-# what a native crash prints before the signal (the first one names the cause)
-# what a native crash printed before it died: C++ terminate, glibc's heap checks ("malloc(): unaligned tcache
-# chunk detected", "free(): invalid pointer"), assertions
+# what a native crash prints before the signal (the first one names the cause): C++ terminate, glibc's heap
+# checks ("malloc(): unaligned tcache chunk detected", "free(): invalid pointer"), assertions
 CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$"
                         r"|^(?:malloc|free|realloc|calloc|munmap_chunk|malloc_consolidate|tcache_thread_shutdown"
                         r"|_int_\w+)\(\): .*$")
@@ -200,7 +199,8 @@ def classify(error_line, frames, exit_code):
 def crash_site(text, frames=3):
     """Where Python was when the rank died, from faulthandler's dump: the innermost frames of the current thread
     (else of the thread that was not idle in threading.py), files cut to their package path."""
-    blocks = [b for b in re.split(r"(?m)^(?=(?:Current thread|Thread) 0x)", text) if FAULTHANDLER.match(b)]
+    starts = [m.start() for m in FAULTHANDLER.finditer(text)]
+    blocks = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
     if not blocks:
         return ""
     block = next((b for b in blocks if b.startswith("Current thread")), None) or next(
