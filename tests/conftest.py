@@ -1,3 +1,4 @@
+import fcntl
 import signal
 import subprocess
 import sys
@@ -127,12 +128,25 @@ def marked(prefix):
 
 
 SLURM_UP = Path(__file__).parent / "slurm" / "up.sh"
+SLURM_LOCK = "/tmp/simplefsdp-slurm-up.lock"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(items):
+    """Every test that needs SLURM in one xdist group: its two nodes run one test's jobs at a time, and a test
+    waiting in the queue behind another worker's would run into its own timeouts."""
+    for item in items:
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if {"slurm", "slurm_conf"} & set(item.fixturenames) or (params or {}).get("launcher") == "slurm":
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")
 def slurm_conf():
     """A running SLURM on this machine (tests/slurm/up.sh: two slurmd nodes on loopback); skips where it can't."""
-    proc = subprocess.run(["bash", str(SLURM_UP)], capture_output=True, text=True, timeout=180)
+    with open(SLURM_LOCK, "w") as lock:  # pytest-xdist: each worker asks; one starts it, the others find it up
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["bash", str(SLURM_UP)], capture_output=True, text=True, timeout=180)
     if proc.returncode == 3:  # not installed, or not root: the tests that need it can't run here
         pytest.skip(f"no SLURM here: {proc.stderr.strip()} (CI installs it: tests/slurm/up.sh --install)")
     assert proc.returncode == 0, f"tests/slurm/up.sh failed:\n{proc.stdout}{proc.stderr}"

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked
+from conftest import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours
 from pytest_simplefsdp import launch
 from pytest_simplefsdp.launch import MARKER, LaunchSpec, TorchrunLauncher, kill_procs, session_leftovers
 from pytest_simplefsdp.results import build_result
@@ -169,10 +169,15 @@ def as_module(text):
 
 
 def sleepers(seconds="97"):
+    """The fake daemons of this session's runs (it keeps its working directory; another xdist worker's are not
+    this test's)."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
-        if p.info["cmdline"] == ["sleep", seconds]:
-            found.append(p)
+        try:
+            if p.info["cmdline"] == ["sleep", seconds] and ours(p):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
     return found
 
 
