@@ -137,7 +137,7 @@ def pytest_collection_modifyitems(items):
     waiting in the queue behind another worker's would run into its own timeouts."""
     for item in items:
         params = getattr(item, "callspec", None) and item.callspec.params
-        if {"slurm", "slurm_conf"} & set(item.fixturenames) or (params or {}).get("launcher") == "slurm":
+        if {"slurm", "slurm_conf"} & set(getattr(item, "fixturenames", ())) or (params or {}).get("launcher") == "slurm":
             item.add_marker(pytest.mark.xdist_group("slurm"))
 
 

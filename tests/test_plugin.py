@@ -295,3 +295,13 @@ def test_without_the_flag_a_bad_option_value_is_not_read(pytester):
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "--simplefsdp-dry-run")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--simplefsdp-timeout: not a number: 'soon'*"])
+
+
+def test_the_main_command_collects_in_this_repository_with_its_test_conftest_loaded():
+    """`pytest --simplefsdp-matrix` in this checkout (the README's main job) also loads tests/conftest.py
+    (testpaths): its hooks must take cell items as well as test functions."""
+    repo = Path(__file__).parent.parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", "--co", "-q", "-m", "smoke",
+                           "-p", "no:cacheprovider"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "matrix/cpu.yaml::llama3-dp2-eager" in proc.stdout and "INTERNALERROR" not in proc.stdout
