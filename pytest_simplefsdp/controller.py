@@ -339,17 +339,18 @@ class Controller:
     def _progress(self, cells, jobs):
         """Each selected cell's expected time: from the newest stored runs of its profile, else the estimate."""
         runs_dirs = {self.cache_dir / "runs", *( [self.settings.artifacts.parent] if self.settings.artifacts else [])}
-        walls, source = {}, None
+        walls = {}
         for d in runs_dirs:
-            found, where = stored_walls(d, {i.run.matrix.profile for i in cells})
-            walls = {**found, **walls}
-            source = source or where
-        expected = {}
+            walls = {**stored_walls(d, {i.run.matrix.profile for i in cells}), **walls}
+        expected, used = {}, {}
         for item in cells:
-            k = item.run.key(item.cell.id)
-            expected[k] = walls.get(k) or estimate(str(item.run.matrix.device),
-                                                   self.runner.launcher_for(item.run).name, item.cell.world)
-        return Progress(expected, min(jobs, len(cells) or 1), source, stored=set(walls) & set(expected))
+            k, launcher = item.run.key(item.cell.id), self.runner.launcher_for(item.run).name
+            if (k, launcher) in walls:
+                expected[k], used[k] = walls[k, launcher]
+            else:
+                expected[k] = estimate(str(item.run.matrix.device), launcher, item.cell.world)
+        source = max(set(used.values()), key=lambda d: Path(d, "results.jsonl").stat().st_mtime, default=None)
+        return Progress(expected, min(jobs, len(cells) or 1), source, stored=set(used))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report, config):

@@ -27,14 +27,15 @@ def estimate(device: str, launcher: str, world: int) -> float:
     return table[lo] if lo == hi else table[lo] + (table[hi] - table[lo]) * (world - lo) / (hi - lo)
 
 
-def stored_walls(runs_dir: Path, profiles: set, newest=20) -> tuple[dict, str | None]:
-    """{profile[tier]::cell id: wall seconds} from the newest stored runs (results.jsonl) that ran cells of these
-    profiles, and the run folder the times come from (the newest first; an older run fills cells the newer
-    one did not run)."""
-    walls, source = {}, None
+def stored_walls(runs_dir: Path, profiles: set, newest=20) -> dict:
+    """{(profile[tier]::cell id, launcher): (wall seconds, run folder)} from the newest stored runs
+    (results.jsonl) that ran cells of these profiles (the newest first; an older run fills cells the newer one
+    did not run). Keyed by the launcher that ran the cell: a torchrun job takes about twice a forked cell's
+    time, so one launcher's times are no forecast for another's."""
+    walls = {}
     files = sorted(runs_dir.glob("*/results.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)[:newest]
     for path in files:
-        metas, found = {}, False
+        metas = {}
         try:
             lines = path.read_text().splitlines()
         except OSError:
@@ -50,11 +51,9 @@ def stored_walls(runs_dir: Path, profiles: set, newest=20) -> tuple[dict, str | 
                 meta = metas.get(rec.get("matrix"), {})
                 if meta.get("profile") in profiles:
                     tier = "[trace]" if meta.get("tier") == "trace" else ""
-                    walls.setdefault(f"{meta['profile']}{tier}::{rec['id']}", float(rec["wall"]))
-                    found = True
-        if found and source is None:
-            source = str(path.parent)
-    return walls, source
+                    key = (f"{meta['profile']}{tier}::{rec['id']}", rec.get("launcher") or meta.get("launcher"))
+                    walls.setdefault(key, (float(rec["wall"]), str(path.parent)))
+    return walls
 
 
 class Progress:

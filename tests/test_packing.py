@@ -100,3 +100,14 @@ def test_plan_without_stored_runs_uses_the_launchers_measured_estimate(run_matri
     result.stdout.fnmatch_lines([f"      0s ->      {seconds}s  2 ranks          fake::pass-r2",
                                  f"     {seconds}s ->      {2 * seconds}s  2 ranks          fake::fail-r2",
                                  "times: 0 of 2 cells from stored runs*"])
+
+
+def test_the_plan_takes_stored_times_only_from_cells_the_same_launcher_ran(run_matrix, pytester):
+    """A stored run under one launcher is no forecast for another: the forked plan counts its own estimate."""
+    run_matrix(fake_matrix(modes=["pass", "fail"]), launcher="local")  # stores each cell's wall time under local
+    result = run_matrix(fake_matrix(modes=["pass", "fail"]), "--simplefsdp-plan", "--simplefsdp-max-ranks=2",
+                        launcher="fork")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["      0s ->      12s  2 ranks          fake::pass-r2", "times: 0 of 2 cells from stored runs*"])
+    again = run_matrix(fake_matrix(modes=["pass", "fail"]), "--simplefsdp-plan", "--simplefsdp-max-ranks=2")
+    again.stdout.fnmatch_lines([f"times: 2 of 2 cells from stored runs (newest: {pytester.path / 'runs'}); *"])
