@@ -1,10 +1,13 @@
 """The fork launcher: same verdicts and losses as the other launchers, no orphans, fallback."""
 
 import json
+import sys
 
 import pytest
 
 from conftest import FAKE_RANK, fake_matrix, launcher_ready, marked, module_matrix
+from pytest_simplefsdp.launch.fork import _ForkServer
+from pytest_simplefsdp.targets import RankCommand
 
 
 @pytest.mark.parametrize("launcher", ["auto", "fork", "local", "torchrun"])
@@ -71,3 +74,35 @@ def test_a_module_without_a_main_guard_runs_in_its_ranks_not_in_the_server(run_m
     logs = [open(p).read() for paths in cell["rank_logs"].values() for p in paths]
     assert all("unguarded body ran in pid" in log for log in logs)
     assert not marked("forkserver:")
+
+
+def test_ranks_that_end_at_once_are_reported_to_the_cell(tmp_path):
+    """The server reports a rank that ends at once on the line right after the ranks' pids. The launcher's reader
+    once took that line before the cell had its ranks, died of a KeyError, and the cell waited for the rank
+    forever (a CI run beside a CPU-heavy job hung 28 min in a fake cell). Many instant cells on one server."""
+    (tmp_path / "instant_rank.py").write_text("import os, sys\nsys.exit(int(os.environ['RANK']) + 3)\n")
+    server = _ForkServer(RankCommand([sys.executable, "-m", "instant_rank"], {"PYTHONPATH": str(tmp_path)},
+                                     str(tmp_path)), ["instant_rank"], "instant")
+    try:
+        for cell in range(300):
+            logs = [str(tmp_path / f"cell{cell}-rank{r}.log") for r in (0, 1)]
+            ranks = server.start({"module": "instant_rank", "args": [], "envs": [{"RANK": "0"}, {"RANK": "1"}],
+                                  "logs": logs, "cwd": str(tmp_path)})
+            assert [ranks[r].wait(timeout=30) for r in (0, 1)] == [3, 4], f"cell {cell}"
+    finally:
+        server.close()
+    assert server.proc.poll() is not None
+
+
+def test_a_rank_of_a_server_that_died_is_not_waited_for_forever(tmp_path):
+    """Its ranks die with the server (PR_SET_PDEATHSIG): a rank the server can no longer report ends as killed."""
+    (tmp_path / "slow_rank.py").write_text("import time\ntime.sleep(600)\n")
+    server = _ForkServer(RankCommand([sys.executable, "-m", "slow_rank"], {"PYTHONPATH": str(tmp_path)},
+                                     str(tmp_path)), ["slow_rank"], "slow")
+    try:
+        ranks = server.start({"module": "slow_rank", "args": [], "envs": [{"RANK": "0"}],
+                              "logs": [str(tmp_path / "rank0.log")], "cwd": str(tmp_path)})
+        server.proc.kill()
+        assert ranks[0].wait(timeout=30) == -9
+    finally:
+        server.close()

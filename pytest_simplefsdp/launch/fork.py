@@ -58,15 +58,27 @@ class _ForkServer:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            msg = json.loads(line)
+        try:
+            for line in self.proc.stdout:
+                msg = json.loads(line)
+                with self.changed:
+                    if "pids" in msg:
+                        # the ranks are made here, in the order the server speaks: a rank that ends at once is
+                        # reported on the next line, which this thread may read before start() wakes up
+                        self.ranks = {r: _ServerRank(pid) for r, pid in enumerate(msg["pids"])}
+                        self.replies.append(self.ranks)
+                    else:
+                        rank = self.ranks[msg["rank"]]
+                        rank.returncode = msg["code"]
+                        rank.done.set()
+                    self.changed.notify_all()
+        finally:
+            # the server is gone (its ranks die with it: PR_SET_PDEATHSIG): no rank may wait for a word forever
             with self.changed:
-                if "pids" in msg:
-                    self.replies.append(msg["pids"])
-                else:
-                    rank = self.ranks[msg["rank"]]
-                    rank.returncode = msg["code"]
-                    rank.done.set()
+                for rank in self.ranks.values():
+                    if not rank.done.is_set():
+                        rank.returncode = -int(signal.SIGKILL)
+                        rank.done.set()
                 self.changed.notify_all()
 
     def start(self, request):
@@ -75,9 +87,7 @@ class _ForkServer:
             self.proc.stdin.flush()
             if not self.changed.wait_for(lambda: self.replies, timeout=60):
                 raise OSError("fork server did not answer")
-            pids = self.replies.pop()
-            self.ranks = {r: _ServerRank(pid) for r, pid in enumerate(pids)}
-        return self.ranks
+            return self.replies.pop()
 
     def processes(self):
         """The cell's processes: everything carrying the server's marker but the server."""
