@@ -339,9 +339,7 @@ class Controller:
     def _progress(self, cells, jobs):
         """Each selected cell's expected time: from the newest stored runs of its profile, else the estimate."""
         runs_dirs = {self.cache_dir / "runs", *( [self.settings.artifacts.parent] if self.settings.artifacts else [])}
-        walls = {}
-        for d in runs_dirs:
-            walls = {**stored_walls(d, {i.run.matrix.profile for i in cells}), **walls}
+        walls = stored_walls(runs_dirs, {i.run.matrix.profile for i in cells})
         expected, used = {}, {}
         for item in cells:
             k, launcher = item.run.key(item.cell.id), self.runner.launcher_for(item.run).name

@@ -27,13 +27,14 @@ def estimate(device: str, launcher: str, world: int) -> float:
     return table[lo] if lo == hi else table[lo] + (table[hi] - table[lo]) * (world - lo) / (hi - lo)
 
 
-def stored_walls(runs_dir: Path, profiles: set, newest=20) -> dict:
+def stored_walls(runs_dirs, profiles: set, newest=20) -> dict:
     """{(profile[tier]::cell id, launcher): (wall seconds, run folder)} from the newest stored runs
-    (results.jsonl) that ran cells of these profiles (the newest first; an older run fills cells the newer one
-    did not run). Keyed by the launcher that ran the cell: a torchrun job takes about twice a forked cell's
-    time, so one launcher's times are no forecast for another's."""
+    (results.jsonl) under any of ``runs_dirs`` that ran cells of these profiles (the newest first; an older run
+    fills cells the newer one did not run). Keyed by the launcher that ran the cell: a torchrun job takes about
+    twice a forked cell's time, so one launcher's times are no forecast for another's."""
     walls = {}
-    files = sorted(runs_dir.glob("*/results.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)[:newest]
+    found = {p for d in runs_dirs for p in Path(d).glob("*/results.jsonl")}
+    files = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)[:newest]
     for path in files:
         metas = {}
         try:
