@@ -79,8 +79,11 @@ def test_a_module_without_a_main_guard_runs_in_its_ranks_not_in_the_server(run_m
 def test_ranks_that_end_at_once_are_reported_to_the_cell(tmp_path):
     """The server reports a rank that ends at once on the line right after the ranks' pids. The launcher's reader
     once took that line before the cell had its ranks, died of a KeyError, and the cell waited for the rank
-    forever (a CI run beside a CPU-heavy job hung 28 min in a fake cell). Many instant cells on one server."""
-    (tmp_path / "instant_rank.py").write_text("import os, sys\nsys.exit(int(os.environ['RANK']) + 3)\n")
+    forever (a CI run beside a CPU-heavy job hung 28 min in a fake cell). Many instant cells on one server, whose
+    entry module imports one that prints at import (not the server's protocol: skipped, not a failed start)."""
+    (tmp_path / "noisy_at_import.py").write_text("print('a word from an import', flush=True)\n")
+    (tmp_path / "instant_rank.py").write_text("import os, sys\nimport noisy_at_import\n"
+                                             "sys.exit(int(os.environ['RANK']) + 3)\n")
     server = _ForkServer(RankCommand([sys.executable, "-m", "instant_rank"], {"PYTHONPATH": str(tmp_path)},
                                      str(tmp_path)), ["instant_rank"], "instant")
     try:
@@ -106,3 +109,19 @@ def test_a_rank_of_a_server_that_died_is_not_waited_for_forever(tmp_path):
         assert ranks[0].wait(timeout=30) == -9
     finally:
         server.close()
+
+
+def test_a_server_whose_imports_block_fails_the_cell_at_its_timeout(run_matrix, pytester):
+    """The server imports what the entry module imports; one that never returns once held the run with no clock
+    running (the cell's starts after the server is up)."""
+    (pytester.path / "blocks_at_import.py").write_text("import time\ntime.sleep(600)\n")
+    (pytester.path / "blocked_rank.py").write_text("import blocks_at_import\n")
+    text = module_matrix(["pass"], timeout=5).replace('"-m", "fake_rank"', '"-m", "blocked_rank"').replace(
+        str(FAKE_RANK.parent), str(pytester.path))
+    out = pytester.path / "run.json"
+    result = run_matrix(text, f"--simplefsdp-json={out}", launcher="fork")
+    result.assert_outcomes(failed=1)
+    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    assert cell["failure_class"] == "infra", cell
+    assert "fork server did not start (preloading blocked_rank): still importing after 5 s" in cell["error_line"]
+    assert not marked("forkserver:")

@@ -38,7 +38,7 @@ class _ServerRank:
 
 
 class _ForkServer:
-    def __init__(self, command: RankCommand, preload, key):
+    def __init__(self, command: RankCommand, preload, key, start_timeout=600.0):
         self.marker = f"forkserver:{SESSION}:{key}"
         env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = python_path(command)
@@ -46,23 +46,30 @@ class _ForkServer:
         self.proc = spawn([sys.executable, "-m", "pytest_simplefsdp.launch.forkserver", *preload], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                      bufsize=1, cwd=command.cwd, preexec_fn=die_with_parent(signal.SIGKILL))
-        self.ranks, self.replies, self.busy = {}, [], False
+        self.ranks, self.replies, self.busy, self.ready = {}, [], False, None
         self.changed = threading.Condition()
-        first = self.proc.stdout.readline()
-        if not first.startswith('{"ready"'):
+        threading.Thread(target=self._read, daemon=True).start()
+        with self.changed:  # bounded: an import that blocks must not hold the run (the cell's clock starts later)
+            ready = self.ready if self.changed.wait_for(lambda: self.ready is not None, timeout=start_timeout) else None
+        if not ready:
             self.close()  # a server that did not start is not left behind
             self.errors.seek(0)
             tail = [line for line in self.errors.read().decode(errors="replace").splitlines() if line.strip()]
-            raise OSError(f"fork server did not start (preloading {' '.join(preload)}): "
-                          f"{tail[-1] if tail else 'it exited without a word'}")
-        threading.Thread(target=self._read, daemon=True).start()
+            why = (f"still importing after {start_timeout:.0f} s (the cell's timeout)" if ready is None
+                   else tail[-1] if tail else "it exited without a word")
+            raise OSError(f"fork server did not start (preloading {' '.join(preload)}): {why}")
 
     def _read(self):
         try:
             for line in self.proc.stdout:
-                msg = json.loads(line)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue  # not the protocol: something the preloaded modules printed at import
                 with self.changed:
-                    if "pids" in msg:
+                    if "ready" in msg:
+                        self.ready = True
+                    elif "pids" in msg:
                         # the ranks are made here, in the order the server speaks: a rank that ends at once is
                         # reported on the next line, which this thread may read before start() wakes up
                         self.ranks = {r: _ServerRank(pid) for r, pid in enumerate(msg["pids"])}
@@ -75,6 +82,7 @@ class _ForkServer:
         finally:
             # the server is gone (its ranks die with it: PR_SET_PDEATHSIG): no rank may wait for a word forever
             with self.changed:
+                self.ready = bool(self.ready)
                 for rank in self.ranks.values():
                     if not rank.done.is_set():
                         rank.returncode = -int(signal.SIGKILL)
@@ -129,7 +137,7 @@ class ForkLauncher(LocalLauncher):
             return out
         return super().launch(spec)
 
-    def _server(self, command: RankCommand):
+    def _server(self, command: RankCommand, start_timeout):
         """An idle server of the command's environment, started when none is: cells that run at once
         (--simplefsdp-jobs) each get their own, so a server's marker names exactly one cell's ranks."""
         env = {k: v for k, v in command.env.items() if k not in self.PER_CELL_ENV}
@@ -141,13 +149,13 @@ class ForkLauncher(LocalLauncher):
                 module = python_module(command.argv)[0]
                 self.count += 1
                 server = _ForkServer(RankCommand(command.argv, env, command.cwd), [module, *command.preload],
-                                     self.count)
+                                     self.count, start_timeout)
                 pool.append(server)
             server.busy = True
         return server
 
     def _start(self, spec, token, out):
-        server = self._server(spec.command)
+        server = self._server(spec.command, spec.timeout)
         module, args = python_module(spec.command.argv)
         base = rank_env(spec, token)
         envs = [dict(base, **worker_vars(spec, r, base, token)) for r in range(spec.nproc)]
