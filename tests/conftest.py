@@ -1,4 +1,5 @@
 import fcntl
+import os
 import signal
 import subprocess
 import sys
@@ -110,8 +111,8 @@ def ours(p):
     directory lies under the session's tmp root), not to another job on the machine with the same cell ids."""
     if not BASETEMP:
         return True
-    env = p.environ()
-    return any(str(x).startswith(BASETEMP[0]) for x in (env.get("SIMPLEFSDP_EVIDENCE_DIR", ""), p.cwd()))
+    env, root = p.environ(), os.path.join(BASETEMP[0], "")  # (a sibling /tmp/bt2 is not under /tmp/bt)
+    return any(os.path.join(str(x), "").startswith(root) for x in (env.get("SIMPLEFSDP_EVIDENCE_DIR", ""), p.cwd()))
 
 
 def marked(prefix):
@@ -175,7 +176,7 @@ def slurm_jobs(wait=20.0):
     while True:
         out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T|%Z"], capture_output=True, text=True).stdout
         jobs = [tuple(line.split("|")[:3]) for line in out.splitlines() if "|simplefsdp:" in line
-                and (not BASETEMP or line.rpartition("|")[2].startswith(BASETEMP[0]))]
+                and (not BASETEMP or os.path.join(line.rpartition("|")[2], "").startswith(os.path.join(BASETEMP[0], "")))]
         if not jobs or time.monotonic() > deadline:
             return jobs
         time.sleep(0.5)
