@@ -81,9 +81,12 @@ def main():
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     print(f"fake rank {rank}/{world} pid {os.getpid()} mode {a.mode}", flush=True)
     if a.mode == "porttaken" and not os.path.exists(a.flag):  # the first try loses its port, as a bind race does
-        barrier(folder, 0, rank, world)
+        barrier(folder, "portcheck", rank, world)  # every rank saw no flag: this whole try fails
         if rank == 0:
             open(a.flag, "w").close()
+        # the flag is down before any rank fails: a failing rank's peers are stopped at once, and a rank 0 stopped
+        # before it wrote the flag failed the retry too (seen beside a CPU-heavy job)
+        barrier(folder, "flagged", rank, world)
         raise RuntimeError("The server socket has failed to listen on any local network address. "
                            "[errno: 98 - Address already in use]")
     if a.mode == "noresult":
