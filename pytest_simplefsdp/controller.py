@@ -340,15 +340,17 @@ class Controller:
         """Each selected cell's expected time: from the newest stored runs of its profile, else the estimate."""
         runs_dirs = {self.cache_dir / "runs", *( [self.settings.artifacts.parent] if self.settings.artifacts else [])}
         walls = stored_walls(runs_dirs, {i.run.matrix.profile for i in cells})
-        expected, used = {}, {}
+        expected, used = {}, set()
         for item in cells:
             k, launcher = item.run.key(item.cell.id), self.runner.launcher_for(item.run).name
             if (k, launcher) in walls:
-                expected[k], used[k] = walls[k, launcher]
+                expected[k] = walls[k, launcher][0]
+                used.add((k, launcher))
             else:
                 expected[k] = estimate(str(item.run.matrix.device), launcher, item.cell.world)
-        source = max(set(used.values()), key=lambda d: Path(d, "results.jsonl").stat().st_mtime, default=None)
-        return Progress(expected, min(jobs, len(cells) or 1), source, stored=set(used))
+        # walls come newest run first: the first one used names the newest source
+        source = next((folder for key, (_, folder) in walls.items() if key in used), None)
+        return Progress(expected, min(jobs, len(cells) or 1), source, stored={k for k, _ in used})
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report, config):

@@ -30,7 +30,7 @@ def estimate(device: str, launcher: str, world: int) -> float:
 def stored_walls(runs_dirs, profiles: set, newest=20) -> dict:
     """{(profile[tier]::cell id, launcher): (wall seconds, run folder)} from the newest stored runs
     (results.jsonl) under any of ``runs_dirs`` that ran cells of these profiles (the newest first; an older run
-    fills cells the newer one did not run). Keyed by the launcher that ran the cell: a torchrun job takes about
+    fills cells the newer one did not run; the dict keeps that order). Keyed by the launcher that ran the cell: a torchrun job takes about
     twice a forked cell's time, so one launcher's times are no forecast for another's."""
     walls = {}
     found = {p for d in runs_dirs for p in Path(d).glob("*/results.jsonl")}
