@@ -82,8 +82,8 @@ def compare_params(cell: dict, baseline: dict, lane: Lane):
     both runs hold the same weights and batch, so only the reductions' order separates them; from step 2 the
     optimizer carries that rounding on and MoE routing amplifies it (measured on deepseek_v3 EP 2: 2e-5 at
     step 1, 3e-2 for a router gate at step 3), so other layouts compare step 1 and leave later steps to the
-    losses. The report keeps the largest relative difference per kind (how tolerances are measured) and
-    the first difference."""
+    losses. The report keeps the largest relative difference per norm kind (how tolerances are measured), how
+    many weights' checksums differ, and the first difference."""
     rtol = lane.rtol if lane.grad_rtol is None else lane.grad_rtol
     atol = lane.atol if lane.grad_atol is None else lane.grad_atol
     report = {"rtol": rtol, "atol": atol, "grad_steps": lane.grad_steps, "checked": 0, "max_rel_diff": {},
@@ -97,7 +97,9 @@ def compare_params(cell: dict, baseline: dict, lane: Lane):
             exact, compared = kind == "init_checksum", step <= lane.grad_steps
             for fqn in list(want) + [f for f in got if f not in want]:
                 b, c = want.get(fqn), got.get(fqn)
-                if b and c is not None and c == c:  # measured at every step, judged up to grad_steps
+                if exact:  # a hash: equal or not (a relative difference of two hashes means nothing)
+                    report["weights_differing"] = report.get("weights_differing", 0) + (b != c)
+                elif b and c is not None and c == c:  # measured at every step, judged up to grad_steps
                     worst = report["max_rel_diff"].setdefault(kind, {})
                     worst[str(step)] = max(worst.get(str(step), 0.0), abs(c - b) / abs(b))
                 if not compared:
@@ -122,7 +124,9 @@ def param_line(report, baseline_id):
     d = report["first_difference"]
     what, value = PARAM_KINDS[d["kind"]], lambda v: "none" if v is None else f"{v:.6g}"
     ratio = f", ratio {d['cell'] / d['baseline']:.3g}" if d["cell"] is not None and d["baseline"] else ""
-    tol = "exact" if d["kind"] == "init_checksum" else f"rtol {report['rtol']:g}, atol {report['atol']:g}"
+    tol = f"rtol {report['rtol']:g}, atol {report['atol']:g}"
+    if d["kind"] == "init_checksum":  # a hash of the weights' bits: shown whole, no ratio
+        value, ratio, tol = lambda v: "none" if v is None else f"{v:.0f}", "", "exact: the loaded weights differ"
     return (f"{d['param']}: {what} {value(d['cell'])} vs {value(d['baseline'])} of baseline {baseline_id} "
             f"at step {d['step']}{ratio} ({tol})")
 

@@ -73,7 +73,7 @@ def records(tmp_path, rank, lines):
     return folder
 
 
-def stats(tmp_path, name, grad_w1, checksum=7.0):
+def stats(tmp_path, name, grad_w1, checksum=7):
     """Two ranks of one cell: each holds one expert parameter; a half-written last line as a killed rank leaves."""
     base = tmp_path / name
     base.mkdir()
@@ -99,9 +99,11 @@ def test_a_halved_expert_gradient_is_named_with_its_ratio(tmp_path):
 
 def test_weights_must_load_bit_for_bit_whatever_the_lane(tmp_path):
     lane = Lane("loose", [{}], rtol=0.5, atol=1.0)
-    ok, rep = compare_params(stats(tmp_path, "cell", 0.0082, checksum=7.0 + 1e-9), stats(tmp_path, "base", 0.0082), lane)
-    assert not ok and rep["first_difference"]["kind"] == "init_checksum"
-    assert "(exact)" in param_line(rep, "b")
+    ok, rep = compare_params(stats(tmp_path, "cell", 0.0082, checksum=8), stats(tmp_path, "base", 0.0082), lane)
+    assert not ok and rep["first_difference"]["kind"] == "init_checksum" and rep["weights_differing"] == 1
+    # a hash: both values whole, no ratio, and no relative difference recorded
+    assert param_line(rep, "b") == "experts.w1: weight checksum 8 vs 7 of baseline b at step 0 (exact: the loaded " \
+        "weights differ)" and "init_checksum" not in rep["max_rel_diff"]
 
 
 def test_a_gradient_on_one_side_only_differs(tmp_path):

@@ -118,3 +118,79 @@ def test_fsdp2_reduces_with_sum_on_cpu(skip, op):
     out = run_python(code, SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP=skip)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [f"RedOpType.{op}", "RedOpType.AVG"], out.stdout
+
+
+PROBE_CODE = r"""
+import json, os, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, DTensor, Shard, Replicate, Partial
+from torch.distributed.tensor.placement_types import _StridedShard
+import sitecustomize as shim
+
+def rank(r, out):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=r, world_size=4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    full = {n: torch.randn(8, 5) * (i + 1) for i, n in enumerate("abcdefgh")}
+    full["a"] = full["a"][:7]  # uneven shards
+    t = {"a": distribute_tensor(full["a"], mesh, [Shard(0), Replicate()]),   # FSDP-like
+         "b": distribute_tensor(full["b"], mesh, [Shard(0), Shard(1)]),      # FSDP + TP
+         "c": distribute_tensor(full["c"], mesh, [Replicate(), Replicate()]),
+         "d": distribute_tensor(full["d"], mesh["dp"], [Shard(1)]),          # another mesh
+         "e": DTensor.from_local(full["e"] / 2, mesh, [Partial(), Replicate()]),  # a pending sum: gathered
+         "f": full["f"], "none": None,
+         "g": distribute_tensor(full["g"], mesh, [Shard(0), Replicate()]),   # joins a's collective
+         "h": distribute_tensor(full["h"], mesh, [_StridedShard(0, split_factor=2), Shard(0)])}  # SimpleFSDP + TP
+    full["e"] = full["e"] / 2 * 2
+    calls = []
+    gather = dist.all_gather
+    dist.all_gather = lambda *a, **k: (calls.append(1), gather(*a, **k))[1]
+    norms, gathers = shim._norms(t), len(calls)
+    sums = shim._checksums(t)
+    dist.all_gather = gather
+    per_tensor = {k: None if v is None else float(torch.linalg.vector_norm(v).full_tensor() if k != "f" else
+                                                  torch.linalg.vector_norm(v)) for k, v in t.items()}
+    exact = {k: None if k == "none" else float(torch.linalg.vector_norm(full[k])) for k in t}
+    whole = {k: None if k == "none" else int(shim._bits_hash(full[k], torch.arange(full[k].numel()))) for k in t}
+    rolled = int(shim._bits_hash(full["b"].roll(1, 0), torch.arange(full["b"].numel())))
+    with open(os.path.join(out, f"rank{r}.json"), "w") as f:
+        json.dump({"norms": norms, "per_tensor": per_tensor, "exact": exact, "order": list(norms),
+                   "gathers": [gathers, len(calls) - gathers], "sums": sums, "whole": whole, "rolled": rolled}, f)
+    dist.destroy_process_group()
+
+mp.start_processes(rank, args=(sys.argv[1],), nprocs=4, start_method="fork")
+"""
+
+
+def test_the_grad_probe_reads_full_tensors_with_a_few_batched_collectives(tmp_path):
+    """The numerics probe's norms (``_norms``) and weight checksums (``_checksums``) on 4 gloo ranks (2 x 2 mesh):
+    Shard (uneven), Shard x Shard, _StridedShard x Shard (SimpleFSDP + TP), Replicate, another mesh, Partial, a
+    plain tensor and None. Norms equal the full tensor's and the per-tensor DTensor path's; checksums equal the
+    hash of the full tensor exactly, whatever the layout; one all-gather per mesh dimension and group, not one
+    collective per tensor; every rank gets the same values, in the caller's order."""
+    from pytest_simplefsdp.launch import free_port
+
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE_CODE)
+    full = dict(os.environ, PYTHONPATH=str(SHIM_DIR), PORT=str(free_port()), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=full,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    first = ranks[0]
+    assert first["order"] == list(first["sums"]) == ["a", "b", "c", "d", "e", "f", "none", "g", "h"]
+    for r in ranks:
+        assert r["norms"] == first["norms"] and r["sums"] == first["sums"]  # every rank the same, bit for bit
+        assert r["sums"] == r["whole"]  # the full tensor's hash, exactly
+        for k, v in r["norms"].items():
+            if v is None:
+                assert r["exact"][k] is None and r["per_tensor"][k] is None
+            else:
+                assert v == pytest.approx(r["exact"][k], rel=1e-6), k
+                assert v == pytest.approx(r["per_tensor"][k], rel=1e-6), k
+        # a+g (dp, one dim) -> 1, b and h (dp, tp) -> 2, d (the dp sub-mesh) -> 1; c is replicated, e gathered
+        assert r["gathers"] == [4, 4], r
+    assert first["rolled"] != first["whole"]["b"]  # moved values change the checksum (a norm would not see it)
