@@ -23,6 +23,7 @@ is paid once per run and shows in the totals, not in the cells.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,22 @@ from pytest_simplefsdp.targets import make_target  # noqa: E402
 
 DEFAULT_CELLS = ["llama3-dp2-eager", "llama3-tp2-eager", "deepseek_v3-dp2-ep2-eager",
                  "llama3-dp2-aot_fx_trace-mp_default", "deepseek_v3-dp2-ep2-aot_fx_trace-mp_default"]
+
+
+TITAN_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(Training starts|step:\s*\d+\s+loss)")
+
+
+def steps_time(text):
+    """Seconds from torchtitan's "Training starts" to its last step line in a rank's log: the training the cell
+    exists for, which no launcher can shorten (None when the log has no steps)."""
+    start = last = None
+    for stamp, what in TITAN_TIME.findall(text):
+        t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
+        if what == "Training starts":
+            start = t if start is None else start
+        elif start is not None:
+            last = t
+    return None if start is None or last is None else last - start
 
 
 def load():
@@ -78,8 +95,9 @@ def bare(matrix_path, ids, work):
         with open(folder / "out.log", "wb") as f:
             subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
         wall = time.monotonic() - start
-        losses, norms = cell_losses({0: read_text([folder / "out.log"])})
-        out[cid] = (wall, losses, norms)
+        text = read_text([folder / "out.log"])
+        losses, norms = cell_losses({0: text})
+        out[cid] = (wall, losses, norms, steps_time(text))
     return out
 
 
@@ -98,6 +116,7 @@ def cells_mode(args):
     print(f"load average before: {load()}; cores: {os.cpu_count()}")
     kinds = ["bare", *args.launchers]
     walls = {k: {cid: [] for cid in args.cells} for k in kinds}
+    steps = {k: {cid: [] for cid in args.cells} for k in kinds}  # rank 0's training steps inside each wall
     totals = {k: [] for k in kinds}
     same, verdicts = True, []
     expr = " or ".join(args.cells)
@@ -106,9 +125,10 @@ def cells_mode(args):
         for i in range(args.repeat):
             work = Path(tmp) / f"r{i}"
             ref = bare(matrix, args.cells, work)
-            for cid, (wall, _, _) in ref.items():
+            for cid, (wall, _, _, spent) in ref.items():
                 walls["bare"][cid].append(wall)
-            totals["bare"].append(sum(w for w, _, _ in ref.values()))
+                steps["bare"][cid].append(spent)
+            totals["bare"].append(sum(r[0] for r in ref.values()))
             for launcher in args.launchers:
                 total, recs = pytest_run([f"--simplefsdp-matrix-file={matrix}", f"--simplefsdp-launcher={launcher}",
                                           "-k", f"({expr}) and not fsdp2"],  # an id is a substring of its FSDP2 twin's
@@ -117,7 +137,8 @@ def cells_mode(args):
                 for cid in args.cells:
                     rec = recs[cid]
                     walls[launcher][cid].append(rec["wall"])
-                    _, losses, norms = ref[cid]
+                    steps[launcher][cid].append(steps_time(read_text(rec["rank_logs"].get("0", []))))
+                    _, losses, norms, _ = ref[cid]
                     got = tuple({int(k): v for k, v in rec[key].items()} for key in ("losses", "grad_norms"))
                     if got != (losses, norms) or not losses:
                         same = False
@@ -139,6 +160,15 @@ def cells_mode(args):
     tot = {k: statistics.median(totals[k]) for k in kinds}
     print(f"{'total (plugin: the whole pytest run)':46}" + "".join(f"{tot[k]:9.1f}" for k in kinds)
           + "".join(f"{tot['bare'] / tot[k]:14.2f}" for k in args.launchers))
+    # what is left of a cell when start-up is gone: its training steps. bare / steps is the most any launcher
+    # could reach on that cell without changing the work it runs
+    print(f"\nrank 0's training steps (\"Training starts\" to the last step line), medians, seconds; bare/steps: "
+          f"bare torchrun's wall over the steps under {kinds[-1]}, the most any launcher could reach")
+    print(f"{'cell':46}" + "".join(f"{k:>9}" for k in kinds) + f"{'bare/steps':>14}")
+    for cid in args.cells:
+        med_steps = {k: statistics.median([x for x in steps[k][cid] if x is not None] or [float("nan")]) for k in kinds}
+        print(f"{cid:46}" + "".join(f"{med_steps[k]:9.1f}" for k in kinds)
+              + f"{med['bare'][cid] / med_steps[kinds[-1]]:14.2f}")
     print(f"losses and grad norms bitwise identical to bare torchrun, every launcher, every cell, every run: {same}")
     print("verdicts: " + ("every cell passed under every launcher" if not verdicts else "; ".join(verdicts)))
     print(f"load average after: {load()}")

@@ -318,4 +318,8 @@ def test_the_launcher_benchmark_runs_and_finds_the_default_equivalent_to_bare_to
     assert "losses and grad norms bitwise identical to bare torchrun, every launcher, every cell, every run: True" \
         in out.stdout, out.stdout
     assert "verdicts: every cell passed under every launcher" in out.stdout
-    assert any(line.startswith("llama3-dp2-eager ") for line in out.stdout.splitlines()), out.stdout
+    rows = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("llama3-dp2-eager ")]
+    assert len(rows) == 2, out.stdout  # the walls, then the training steps inside them
+    (bare, auto, ratio), (bare_steps, auto_steps, ceiling) = [[float(x) for x in row] for row in rows]
+    # the steps are part of each wall, and the ceiling (bare wall / steps) is above the ratio reached
+    assert 0 < auto_steps < auto and 0 < bare_steps < bare and ceiling > ratio, out.stdout
