@@ -116,7 +116,9 @@ def cells_mode(args):
     print(f"load average before: {load()}; cores: {os.cpu_count()}")
     kinds = ["bare", *args.launchers]
     walls = {k: {cid: [] for cid in args.cells} for k in kinds}
-    steps = {k: {cid: [] for cid in args.cells} for k in kinds}  # rank 0's training steps inside each wall
+    # the training steps inside each wall: the plugin's from rank 0's log; bare torchrun's from its console, where
+    # every rank's lines are mixed (first "Training starts" to the last step line of any rank)
+    steps = {k: {cid: [] for cid in args.cells} for k in kinds}
     totals = {k: [] for k in kinds}
     same, verdicts = True, []
     expr = " or ".join(args.cells)
@@ -162,8 +164,9 @@ def cells_mode(args):
           + "".join(f"{tot['bare'] / tot[k]:14.2f}" for k in args.launchers))
     # what is left of a cell when start-up is gone: its training steps. bare / steps is the most any launcher
     # could reach on that cell without changing the work it runs
-    print(f"\nrank 0's training steps (\"Training starts\" to the last step line), medians, seconds; bare/steps: "
-          f"bare torchrun's wall over the steps under {kinds[-1]}, the most any launcher could reach")
+    print(f"\ntraining steps (\"Training starts\" to the last step line: rank 0's log under the plugin, every rank's "
+          f"lines in bare torchrun's console), medians, seconds; bare/steps: bare torchrun's wall over the steps "
+          f"under {kinds[-1]}, the most any launcher could reach")
     print(f"{'cell':46}" + "".join(f"{k:>9}" for k in kinds) + f"{'bare/steps':>14}")
     for cid in args.cells:
         med_steps = {k: statistics.median([x for x in steps[k][cid] if x is not None] or [float("nan")]) for k in kinds}
