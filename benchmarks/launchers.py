@@ -13,8 +13,9 @@ torchrun per eager cell and 3x per aot_fx_trace cell (medians of 3).
 ``profile``: the whole CPU profile (``matrix/cpu.yaml``, numerics and all) three times in a row:
 ``--simplefsdp-launcher=torchrun --simplefsdp-fresh`` (the main job as it ran before the fork default and the
 kept seeds and baselines), the default cold (``--simplefsdp-fresh``) and the default warm (seed checkpoints
-and baselines kept by the cold run). Prints the per-cell times of each and the totals. Goal: warm at most
-half of the first.
+and baselines kept by the cold run). Prints the per-cell times of each and the totals, and torchtitan's own
+time in the warm run's jobs (from its log's timestamps): the floor no launcher goes below. Goal: warm at
+most half of the first.
 
 A plugin cell's time is its record's wall (from its launch to its last rank's exit); the fork server's start
 is paid once per run and shows in the totals, not in the cells.
@@ -46,20 +47,29 @@ DEFAULT_CELLS = ["llama3-dp2-eager", "llama3-tp2-eager", "deepseek_v3-dp2-ep2-ea
                  "llama3-dp2-aot_fx_trace-mp_default", "deepseek_v3-dp2-ep2-aot_fx_trace-mp_default"]
 
 
-TITAN_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(Training starts|step:\s*\d+\s+loss)")
+TITAN_LINE = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (.*)")
+STEP = re.compile(r"step:\s*\d+\s+loss")
+
+
+def titan_times(text):
+    """(work, steps) in seconds from torchtitan's own timestamps in a rank's log: work from its first line (after
+    the imports) to its last step line, steps from "Training starts" to that line: what the cell exists for,
+    which no launcher can shorten. Either is None when the log has no steps."""
+    first = start = last = None
+    for stamp, what in TITAN_LINE.findall(text):
+        t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
+        first = t if first is None else first
+        if "Training starts" in what:
+            start = t if start is None else start
+        elif start is not None and STEP.search(what):
+            last = t
+    if start is None or last is None:
+        return None, None
+    return last - first, last - start
 
 
 def steps_time(text):
-    """Seconds from torchtitan's "Training starts" to its last step line in a rank's log: the training the cell
-    exists for, which no launcher can shorten (None when the log has no steps)."""
-    start = last = None
-    for stamp, what in TITAN_TIME.findall(text):
-        t = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
-        if what == "Training starts":
-            start = t if start is None else start
-        elif start is not None:
-            last = t
-    return None if start is None or last is None else last - start
+    return titan_times(text)[1]
 
 
 def load():
@@ -102,14 +112,14 @@ def bare(matrix_path, ids, work):
 
 
 def pytest_run(args, js, artifacts):
-    """One pytest --simplefsdp-matrix run: (its wall, {cell id: record})."""
+    """One pytest --simplefsdp-matrix run: (its wall, {id: record} of its cells and numerics baselines)."""
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-json={js}", "-q",
                     f"--simplefsdp-artifacts={artifacts}", "-p", "no:cacheprovider", *args],
                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     total = time.monotonic() - start
     doc = json.loads(Path(js).read_text())["runs"][0]
-    return total, {c["id"]: c for c in doc["cells"]}
+    return total, {c["id"]: c for c in doc["cells"] + doc.get("baselines", [])}
 
 
 def cells_mode(args):
@@ -180,27 +190,45 @@ def cells_mode(args):
 def profile_mode(args):
     runs = [("torchrun, fresh", ["--simplefsdp-launcher=torchrun", "--simplefsdp-fresh"]),
             ("default, cold", ["--simplefsdp-fresh"]), ("default, warm", [])]
+    select = ["-k", args.select] if args.select else []
     print(f"load average before: {load()}; cores: {os.cpu_count()}")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, extra) in enumerate(runs):
-            total, recs = pytest_run(extra, Path(tmp) / f"{i}.json", Path(tmp) / f"run{i}")
-            results.append((name, total, recs))
+            total, recs = pytest_run(extra + select, Path(tmp) / f"{i}.json", Path(tmp) / f"run{i}")
+            # torchtitan's own time in each job this run launched (rank 0's log): a kept job ran in an earlier run
+            times = {cid: (None, None) if r.get("reused_from") else titan_times(read_text(r["rank_logs"].get("0", [])))
+                     for cid, r in recs.items()}
+            results.append((name, total, recs, times))
             used = sorted({r["launcher"] for r in recs.values()})
             print(f"{name}: {total:.0f} s ({len(recs)} cells; launchers {used}); load {load()}")
     ids = list(results[0][2])
-    print("\nper cell, seconds (the cell's record wall; status where not passed)")
-    print(f"{'cell':58}" + "".join(f"{name:>17}" for name, _, _ in results))
+    last_name, _, _, last_times = results[-1]
+    print(f"\nper cell, seconds: each run's record wall (\"kept\": reused from an earlier run, not run; the status "
+          f"where not passed), then torchtitan's own time in the {last_name} run, from rank 0's log: its work (first "
+          f"line after the imports to the last step) and the training steps in it")
+    print(f"{'cell':58}" + "".join(f"{name:>17}" for name, *_ in results) + f"{'titan work':>12}{'steps':>8}")
+    fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     for cid in ids:
         row = []
-        for _, _, recs in results:
+        for _, _, recs, _ in results:
             rec = recs.get(cid)
             status = "" if rec is None or rec["status"] == "passed" else f" {rec['status']}"
-            row.append("-" if rec is None else f"{rec['wall']:.1f}{status}")
-        print(f"{cid:58}" + "".join(f"{r:>17}" for r in row))
-    print(f"{'total (the whole pytest run)':58}" + "".join(f"{total:17.0f}" for _, total, _ in results))
+            row.append("-" if rec is None else "kept" if rec.get("reused_from") else f"{rec['wall']:.1f}{status}")
+        work, steps = last_times.get(cid, (None, None))
+        print(f"{cid:58}" + "".join(f"{r:>17}" for r in row) + f"{fmt(work):>12}{fmt(steps):>8}")
     base = results[0][1]
-    print(f"{'ratio to the first':58}" + "".join(f"{total / base:17.2f}" for _, total, _ in results))
+    work = sum(w for w, _ in last_times.values() if w is not None)
+    steps = sum(s for _, s in last_times.values() if s is not None)
+    print(f"{'jobs run (and kept from an earlier run)':58}" + "".join(
+        f"{sum(1 for r in recs.values() if not r.get('reused_from')):>11} ({sum(1 for r in recs.values() if r.get('reused_from'))})"
+        for _, _, recs, _ in results))
+    print(f"{'total (the whole pytest run)':58}" + "".join(f"{total:17.0f}" for _, total, *_ in results)
+          + f"{work:12.0f}{steps:8.0f}")
+    print(f"{'ratio to the first':58}" + "".join(f"{total / base:17.2f}" for _, total, *_ in results)
+          + f"{work / base:12.2f}{steps / base:8.2f}")
+    print(f"floor: torchtitan's own work in the {last_name} run is {work / base:.2f} of the first run's wall "
+          f"({steps / base:.2f} in training steps): one cell at a time, no launcher goes below it")
     print(f"load average after: {load()}")
 
 
@@ -211,7 +239,8 @@ def main():
     cells.add_argument("--repeat", type=int, default=3)
     cells.add_argument("--cells", nargs="+", default=DEFAULT_CELLS)
     cells.add_argument("--launchers", nargs="+", default=["torchrun", "local", "auto"])
-    sub.add_parser("profile", help="the whole CPU profile: torchrun fresh, default cold, default warm")
+    profile = sub.add_parser("profile", help="the whole CPU profile: torchrun fresh, default cold, default warm")
+    profile.add_argument("--select", metavar="EXPR", help="only the cells pytest -k EXPR selects (default: all)")
     args = ap.parse_args()
     (cells_mode if args.mode == "cells" else profile_mode)(args)
 

@@ -6,6 +6,7 @@ These start real `torchrun -m torchtitan.train` jobs (20-60 s each on 2 cores).
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -323,3 +324,21 @@ def test_the_launcher_benchmark_runs_and_finds_the_default_equivalent_to_bare_to
     (bare, auto, ratio), (bare_steps, auto_steps, ceiling) = [[float(x) for x in row] for row in rows]
     # the steps are part of each wall, and the ceiling (bare wall / steps) is above the ratio reached
     assert 0 < auto_steps < auto and 0 < bare_steps < bare and ceiling > ratio, out.stdout
+
+
+def test_the_profile_benchmark_reuses_the_baseline_warm_and_states_torchtitans_own_time():
+    """benchmarks/launchers.py, its profile mode on one cell and its baseline: torchrun fresh, default cold, default
+    warm; the warm run keeps the baseline (shown "kept", not its old wall) and the floor (torchtitan's own work in
+    the warm run's jobs, from rank 0's log) is inside each job's wall."""
+    script = Path(__file__).parent.parent / "benchmarks" / "launchers.py"
+    out = subprocess.run([sys.executable, str(script), "profile", "--select", "llama3-tp2-eager and not fsdp2"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()
+            if line.startswith(("llama3-tp2-eager ", "baseline-llama3-eager "))}
+    assert rows["baseline-llama3-eager"][2:] == ["kept", "-", "-"], out.stdout  # not run warm: no time of its own
+    fresh, cold, warm, work, steps = map(float, rows["llama3-tp2-eager"])
+    assert 0 < steps < work <= warm and cold > 0 and fresh > 0, out.stdout
+    jobs = next(line for line in out.stdout.splitlines() if line.startswith("jobs run (and kept"))
+    assert re.findall(r"(\d+) \((\d+)\)", jobs.split(")", 1)[1]) == [("2", "0"), ("2", "0"), ("1", "1")], jobs
+    assert "floor: torchtitan's own work in the default, warm run is " in out.stdout
