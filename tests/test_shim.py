@@ -154,9 +154,15 @@ def rank(r, out):
     exact = {k: None if k == "none" else float(torch.linalg.vector_norm(full[k])) for k in t}
     whole = {k: None if k == "none" else int(shim._bits_hash(full[k], torch.arange(full[k].numel()))) for k in t}
     rolled = int(shim._bits_hash(full["b"].roll(1, 0), torch.arange(full["b"].numel())))
+    # a shard the probe cannot use on one rank only (rank 1's "b"): every rank must gather "b" whole, together
+    norm = torch.linalg.vector_norm
+    is_b = lambda x: x.to_local().data_ptr() == t["b"].to_local().data_ptr()  # the probe holds a detached view
+    mixed = shim._over_shards({k: t[k] for k in "abg"}, lambda x: (norm(x.to_local()).pow(2), not (r == 1 and is_b(x))),
+                              lambda x: float(norm(x)), lambda s: s.pow(0.5))
     with open(os.path.join(out, f"rank{r}.json"), "w") as f:
         json.dump({"norms": norms, "per_tensor": per_tensor, "exact": exact, "order": list(norms),
-                   "gathers": [gathers, len(calls) - gathers], "sums": sums, "whole": whole, "rolled": rolled}, f)
+                   "gathers": [gathers, len(calls) - gathers], "sums": sums, "whole": whole, "rolled": rolled,
+                   "mixed": mixed}, f)
     dist.destroy_process_group()
 
 mp.start_processes(rank, args=(sys.argv[1],), nprocs=4, start_method="fork")
@@ -168,7 +174,8 @@ def test_the_grad_probe_reads_full_tensors_with_a_few_batched_collectives(tmp_pa
     Shard (uneven), Shard x Shard, _StridedShard x Shard (SimpleFSDP + TP), Replicate, another mesh, Partial, a
     plain tensor and None. Norms equal the full tensor's and the per-tensor DTensor path's; checksums equal the
     hash of the full tensor exactly, whatever the layout; one all-gather per mesh dimension and group, not one
-    collective per tensor; every rank gets the same values, in the caller's order."""
+    collective per tensor; every rank gets the same values, in the caller's order; a shard one rank cannot use makes
+    every rank gather that tensor whole (not that rank alone, which would wait for its peers forever)."""
     from pytest_simplefsdp.launch import free_port
 
     script = tmp_path / "probe.py"
@@ -193,4 +200,5 @@ def test_the_grad_probe_reads_full_tensors_with_a_few_batched_collectives(tmp_pa
                 assert v == pytest.approx(r["per_tensor"][k], rel=1e-6), k
         # a+g (dp, one dim) -> 1, b and h (dp, tp) -> 2, d (the dp sub-mesh) -> 1; c is replicated, e gathered
         assert r["gathers"] == [4, 4], r
+        assert r["mixed"] == first["mixed"] and r["mixed"] == pytest.approx({k: r["exact"][k] for k in "abg"}, rel=1e-6)
     assert first["rolled"] != first["whole"]["b"]  # moved values change the checksum (a norm would not see it)
