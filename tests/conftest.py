@@ -12,7 +12,7 @@ import pytest
 
 from pytest_simplefsdp.launch import MARKER
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "leftovers"]
 
 FAKE_RANK = Path(__file__).parent / "fakes" / "fake_rank.py"
 

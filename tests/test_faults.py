@@ -224,3 +224,42 @@ def test_a_killed_rank_keeps_its_signal_as_exit_code():
     assert rank.stdout.readline() == b"up\n"  # it runs its sleep: the kill hits the running rank
     kill_procs([psutil.Process(rank.pid)], grace=5)
     assert rank.returncode == -signal.SIGTERM
+
+
+LEFT_BEHIND = """\
+import os
+
+
+def test_runs_a_pytest_that_outlives_it(pytester):
+    pytester.makepyfile(test_sleeper="import os, time\\n"
+                                     "def test_sleep():\\n"
+                                     "    open(os.environ['PIDFILE'], 'w').write(str(os.getpid()))\\n"
+                                     "    time.sleep(600)\\n")
+    pytester.runpytest_subprocess()
+"""
+
+
+@pytest.mark.parametrize("plugin", ["leftovers", "no:leftovers"])
+def test_a_timed_out_test_leaves_no_pytest_of_its_own_running(pytester, monkeypatch, tmp_path, plugin):
+    """A test killed by pytest-timeout while pytester's inner pytest runs: with tests/leftovers.py that inner
+    pytest is gone when the test ends; without it (the control) it would still be running."""
+    pytest.importorskip("pytest_timeout")
+    pidfile = tmp_path / "inner.pid"
+    pytester.makepyfile(test_outer=LEFT_BEHIND)
+    monkeypatch.setenv("PIDFILE", str(pidfile))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                                             os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess("-p", "pytester", "-p", plugin, "--timeout=15", "-p", "no:cacheprovider",
+                                           timeout=120)
+    result.assert_outcomes(failed=1)
+    assert "Timeout" in result.stdout.str()
+    try:
+        inner = psutil.Process(int(pidfile.read_text()))  # the sleeping test's process
+        alive = inner.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        inner, alive = None, False
+    try:
+        assert alive == (plugin == "no:leftovers"), plugin
+    finally:
+        if inner is not None:
+            kill_procs([inner], grace=0)
