@@ -328,8 +328,9 @@ def test_the_launcher_benchmark_runs_and_finds_the_default_equivalent_to_bare_to
 
 def test_the_profile_benchmark_reuses_the_baseline_warm_and_states_torchtitans_own_time():
     """benchmarks/launchers.py, its profile mode on one cell and its baseline: torchrun fresh, default cold, default
-    warm; the warm run keeps the baseline (shown "kept", not its old wall) and the floor (torchtitan's own work in
-    the warm run's jobs, from rank 0's log) is inside each job's wall."""
+    warm; the warm run keeps the baseline (shown "kept", not its old wall) and torchtitan's own work in the warm
+    run's jobs (rank 0's log) holds the steps and is inside the torchrun job's wall. (Not the forked job's record
+    wall: that clock starts once the ranks are forked, and a forked rank, its imports done, logs at once.)"""
     script = Path(__file__).parent.parent / "benchmarks" / "launchers.py"
     out = subprocess.run([sys.executable, str(script), "profile", "--select", "llama3-tp2-eager and not fsdp2"],
                          capture_output=True, text=True, timeout=900)
@@ -338,7 +339,7 @@ def test_the_profile_benchmark_reuses_the_baseline_warm_and_states_torchtitans_o
             if line.startswith(("llama3-tp2-eager ", "baseline-llama3-eager "))}
     assert rows["baseline-llama3-eager"][2:] == ["kept", "-", "-"], out.stdout  # not run warm: no time of its own
     fresh, cold, warm, work, steps = map(float, rows["llama3-tp2-eager"])
-    assert 0 < steps < work <= warm and cold > 0 and fresh > 0, out.stdout
+    assert 0 < steps < work < fresh and cold > 0 and warm > 0, out.stdout
     jobs = next(line for line in out.stdout.splitlines() if line.startswith("jobs run (and kept"))
     assert re.findall(r"(\d+) \((\d+)\)", jobs.split(")", 1)[1]) == [("2", "0"), ("2", "0"), ("1", "1")], jobs
     assert "floor: torchtitan's own work in the default, warm run is " in out.stdout
