@@ -37,10 +37,12 @@ from ruamel.yaml import YAML
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_simplefsdp.cells import expand  # noqa: E402
-from pytest_simplefsdp.launch import LaunchSpec, TorchrunLauncher, free_port  # noqa: E402
-from pytest_simplefsdp.matrix import load_matrix  # noqa: E402
-from pytest_simplefsdp.results import cell_losses, read_text  # noqa: E402
+from pytest_simplefsdp.judge.results import cell_losses, read_text  # noqa: E402
+from pytest_simplefsdp.launch.procs import free_port  # noqa: E402
+from pytest_simplefsdp.launch.spec import LaunchSpec  # noqa: E402
+from pytest_simplefsdp.launch.torchrun import TorchrunLauncher  # noqa: E402
+from pytest_simplefsdp.spec.cells import expand  # noqa: E402
+from pytest_simplefsdp.spec.matrix import load_matrix  # noqa: E402
 from pytest_simplefsdp.targets import make_target  # noqa: E402
 
 DEFAULT_CELLS = ["llama3-dp2-eager", "llama3-tp2-eager", "deepseek_v3-dp2-ep2-eager",

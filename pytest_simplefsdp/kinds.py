@@ -61,3 +61,33 @@ class Mutation(Word):
     KILLED = "killed"
     SURVIVED = "survived"
     INCONCLUSIVE = "inconclusive"
+
+
+class KnownKind(Word):
+    """How a known-failure entry treats the cells it applies to."""
+    XFAIL = "xfail"  # run it, expect this failure
+    FLAKY = "flaky"  # pass, or this failure
+    SKIP = "skip"  # do not run it
+
+
+class RecordType(Word):
+    """The records of a stored run (results.jsonl lines)."""
+    META = "meta"
+    CELL = "cell"
+    BASELINE = "baseline"
+    DROPPED = "dropped"
+
+
+class Coverage(Word):
+    """How far our profiles run one of upstream's tests (report.coverage)."""
+    COVERED = "covered"
+    PARTLY = "partly"
+    NONE = "none"
+
+
+class Change(Word):
+    """What changed for a cell between a compared run and this one (report.compare)."""
+    NEWLY_BROKEN = "newly broken"
+    NEWLY_FIXED = "newly fixed"
+    CHANGED_SIGNATURE = "changed signature"
+    FLAKY_FLIP = "flaky flip"  # a known flaky cell that passed in one run and failed in the other

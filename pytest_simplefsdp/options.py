@@ -14,6 +14,7 @@ from typing import Any, Callable
 import pytest
 
 from .kinds import Tier
+from .paths import MATRIX_DIR
 
 GROUP = ("simplefsdp", "SimpleFSDP composability matrix (pytest-simplefsdp)")
 
@@ -122,6 +123,8 @@ class Option:
     help: str
     parse: Callable[[str, Any], Any] = text
     const: Any = None  # a string option that may also be given bare (--simplefsdp-plan): this value then
+    metavar: str = "VALUE"  # how --help names its value
+    matrix_only: bool = True  # it does nothing without --simplefsdp-matrix (the simplefsdp_cell fixture reads it not)
 
     @property
     def dest(self):
@@ -135,12 +138,12 @@ def add_options(parser, options):
         if o.kind == "bool":
             group.addoption(f"--simplefsdp-{o.name}", action="store_true", default=None, dest=o.dest, help=o.help)
         elif o.kind == "args":
-            group.addoption(f"--simplefsdp-{o.name}", action="append", default=None, dest=o.dest, metavar="PATH",
+            group.addoption(f"--simplefsdp-{o.name}", action="append", default=None, dest=o.dest, metavar=o.metavar,
                             help=o.help)
         else:
             bare = {"nargs": "?", "const": o.const} if o.const is not None else {}
             group.addoption(f"--simplefsdp-{o.name}", default=None, dest=o.dest, help=f"{o.help} [ini: {o.dest}]",
-                            **bare)
+                            metavar=o.metavar, **bare)
         parser.addini(o.dest, help=o.help, type=o.kind, default=o.default)
 
 
@@ -149,77 +152,111 @@ def raw(config, o: Option):
     return value if value is not None else config.getini(o.dest)
 
 
+def check_unused(config, options=None):
+    """Without --simplefsdp-matrix, an option only a matrix run reads would do nothing: a usage error that says so,
+    rather than a run that silently collects no cell (options the simplefsdp_cell fixture reads are fine)."""
+    given = [o for o in options or OPTIONS if o.matrix_only and o.name != "matrix" and config.getoption(o.dest) not in (None, [])]
+    if given:
+        names = ", ".join(f"--simplefsdp-{o.name}" for o in given)
+        raise pytest.UsageError(f"{names}: only a matrix run reads {'this option' if len(given) == 1 else 'these options'}; "
+                                f"add --simplefsdp-matrix (or drop {'it' if len(given) == 1 else 'them'})")
+
+
 def read(config, options) -> dict:
     """name (with _ for -) -> validated value, for each option."""
     return {o.name.replace("-", "_"): o.parse(o.name, raw(config, o)) for o in options}
 
 
+def _profiles():
+    return ", ".join(p.stem for p in sorted(MATRIX_DIR.glob("*.yaml")))
+
+
+def stored_run(name, value):
+    """--simplefsdp-compare: a stored run's file, or bare (NEWEST): the newest stored run of the same profile."""
+    return NEWEST if value == NEWEST else existing_file(name, value)
+
+
+NEWEST = "newest"
+
 OPTIONS = [
     Option("matrix", "bool", False, "run the SimpleFSDP composability matrix: one test per valid cell "
                                     "(ordinary test files are not collected in this mode)", flag),
-    Option("profile", "string", "auto", "profile(s) to run, comma-separated: a file name in matrix/ without .yaml "
-                                        "(cpu, h100x8, titan02-cpu, titan02-h100x8), 'all', or 'auto' (the installed "
-                                        "torchtitan generation's h100x8 profile where 8 CUDA devices are visible, "
-                                        "else its cpu profile)"),
+    Option("profile", "string", "auto", f"profile(s) to run, comma-separated: the project's matrix/NAME.yaml, else "
+                                        f"the shipped one ({_profiles()}); 'all'; or 'auto' (default: the installed "
+                                        f"torchtitan generation's h100x8 profile where 8 CUDA devices are visible, "
+                                        f"else its cpu profile)", metavar="LIST"),
     Option("matrix-file", "args", [], "matrix YAML file(s) to run instead of --simplefsdp-profile (repeatable)",
-           lambda name, value: [Path(f) for f in value or []]),
+           lambda name, value: [Path(f) for f in value or []], metavar="PATH"),
     Option("timeout", "string", None, "per-cell timeout in seconds (default: the matrix file's `timeout`, else 900); "
-                                      "a cell past it is stack-dumped, killed and reported as a hang", positive),
+                                      "a cell past it is stack-dumped, killed and reported as a hang", positive,
+           metavar="SECONDS", matrix_only=False),
     Option("tier", "string", "real", "real: every rank runs (the profile's device); trace: each cell is one "
                                      "simulated rank on this CPU machine (torchtitan's fake backend): config, "
                                      "parallelisation, tracing and one step are judged, numerics are not",
-           lambda name, value: Tier(one_of("real", "trace")(name, value))),
+           lambda name, value: Tier(one_of("real", "trace")(name, value)), metavar="real|trace"),
     Option("dry-run", "bool", False, "collect the cells and print each one's exact command and environment; "
-                                     "launch nothing", flag),
+                                     "launch nothing, write nothing", flag),
     Option("json", "string", None, "write the run (one record per cell: id, axes, status, losses per step, "
-                                   "first error line, failing rank, wall time, log dir) to this JSON file", output_file),
+                                   "first error line, failing rank, wall time, log dir) to this JSON file",
+           output_file, metavar="PATH"),
     Option("launcher", "string", "auto", "how ranks are started: auto (default: fork for CPU profiles, torchrun "
                                          "for GPU profiles; the fastest shown equivalent to torchrun), torchrun "
                                          "(the reference), local (the runner starts each rank with torchrun's "
                                          "environment), fork (a server imports torch and the target once and "
                                          "forks the ranks of every cell), slurm (every cell is one srun job step; "
-                                         "see --simplefsdp-slurm-*), or one a plugin adds"),
+                                         "see --simplefsdp-slurm-*), or one a plugin adds", metavar="NAME",
+           matrix_only=False),
     Option("artifacts", "string", None, "folder for per-cell logs and results (default: .simplefsdp/runs/<time> "
-                                        "under the rootdir)", output_dir),
+                                        "under the rootdir)", output_dir, metavar="DIR", matrix_only=False),
     Option("jobs", "string", "1", "cells run at once: N or auto (as many as the ranks budget or the visible GPUs "
                                   "allow); GPU cells get disjoint CUDA_VISIBLE_DEVICES, CPU cells share a budget of "
-                                  "--simplefsdp-max-ranks ranks (default: the cores)", jobs),
+                                  "--simplefsdp-max-ranks ranks (default: the cores)", jobs, metavar="N|auto"),
     Option("log-limit", "string", "512", "MB of logs a cell may write (all ranks together); past it the cell is "
-                                         "stopped and its logs cut", positive),
+                                         "stopped and its logs cut", positive, metavar="MB", matrix_only=False),
     Option("max-ranks", "string", None, "most ranks one CPU cell may start on this machine (default: one per GB "
-                                        "of available memory); a larger cell fails without launching", whole),
-    Option("status-md", "string", None, "write the status table (GitHub markdown, one grid per profile and model, "
-                                        "footnotes with known-failure links) and the status by feature to this file", output_file),
-    Option("html", "string", None, "write the run as a static HTML page into this folder (index.html): the grid and "
-                                   "the status by feature, each cell linking its logs, reproducer, plots and compile "
-                                   "trace; also: python -m pytest_simplefsdp.report RUN --html DIR", output_dir),
-    Option("compare", "string", None, "a stored run (--simplefsdp-json) to compare with: newly broken, newly fixed "
-                                      "and changed-signature cells are listed and marked in the status table",
-           existing_file),
-    Option("baseline", "string", None, "take numerics baselines from this stored run (--simplefsdp-json output) "
-                                       "instead of running them", existing_file),
+                                        "of available memory); a larger cell fails without launching", whole,
+           metavar="N", matrix_only=False),
+    Option("status-md", "string", None, "write the status markdown (GitHub markdown: cells run of the valid ones, "
+                                        "status by feature, one grid per profile and model, footnotes with the known "
+                                        "failures' links) to this file", output_file, metavar="PATH"),
+    Option("html", "string", None, "write the run as a static HTML page into this folder (index.html): failures "
+                                   "first, the status by feature, the grids, each cell's details and logs; also: "
+                                   "python -m pytest_simplefsdp.report RUN --html DIR", output_dir, metavar="DIR"),
+    Option("compare", "string", None, "a stored run (a --simplefsdp-json file or a run's results.jsonl) to compare "
+                                      "this one with; bare: the newest stored run of the same profile under "
+                                      ".simplefsdp/runs. Newly broken, newly fixed and changed-signature cells are "
+                                      "listed and marked", stored_run, const=NEWEST, metavar="PATH"),
+    Option("baseline", "string", None, "numerics only: take the numerics baselines (the cells each cell's losses "
+                                       "and norms are compared with) from this stored run instead of running them; "
+                                       "not the run to compare with (that is --simplefsdp-compare)", existing_file,
+           metavar="PATH", matrix_only=False),
     Option("fresh", "bool", False, "make seed checkpoints and numerics baselines again instead of using the ones "
                                    "kept under .simplefsdp/reuse/ (kept by a content key over the torch and "
                                    "torchtitan versions, the job's command, the shim, configs and assets); "
-                                   "the new ones are kept", flag),
+                                   "the new ones are kept", flag, matrix_only=False),
     Option("known-failures", "string", None, "known-failures YAML (default: known_failures.yaml in the rootdir, "
-                                             "else the one shipped with the plugin)", existing_file),
+                                             "else the one shipped with the plugin)", existing_file, metavar="PATH",
+           matrix_only=False),
     Option("gate", "bool", False, "merge-gate mode: a known failure that passes (XPASS) fails the run and names "
-                                  "the entry to delete", flag),
+                                  "the entry to delete", flag, matrix_only=False),
     Option("mutants", "string", None, "the mutation tier instead of the cells: re-inject named bugs (all, or "
                                       "comma-separated names) into every selected cell each applies to; an item "
-                                      "passes when the gate kills its mutant and fails when the mutant survives"),
+                                      "passes when the gate kills its mutant and fails when the mutant survives",
+           metavar="LIST"),
     Option("coverage", "string", None, "write the upstream coverage report to this file (.md, .json or text): "
                                        "for each SimpleFSDP integration test of the installed torchtitan, the cell "
                                        "of the shipped profiles that runs it or what is missing, and its known "
-                                       "failures (also: python -m pytest_simplefsdp.upstream)", output_file),
+                                       "failures (also: python -m pytest_simplefsdp.report.coverage)", output_file,
+           metavar="PATH"),
     Option("plan", "string", None, "print the plan instead of running: how the cells will be packed (the "
                                    "visible GPUs, or --simplefsdp-plan=N GPUs; on CPU the ranks budget) and the "
                                    "expected wall time, from the newest stored run of each profile, else an "
-                                   "estimate per cell size; launches nothing", plan_devices, const="visible"),
+                                   "estimate per cell size; launches nothing, writes nothing", plan_devices,
+           const="visible", metavar="N"),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
-                                                   "for new failures (link: TODO), remove entries whose cells all "
-                                                   "passed; other entries, their order and comments are kept", flag),
+                                                   "for new failures (with a placeholder link to fill in), remove "
+                                                   "entries whose cells all passed; other entries, their order and "
+                                                   "comments are kept", flag),
 ]
 
 
@@ -241,7 +278,7 @@ class Settings:
     max_ranks: int | None
     status_md: Path | None
     html: Path | None
-    compare: Path | None
+    compare: Path | str | None
     baseline: Path | None
     fresh: bool
     known_failures: Path | None

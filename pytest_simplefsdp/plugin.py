@@ -1,10 +1,10 @@
-"""The pytest plugin, thin as pytest-xdist's: it declares the options and our own hooks, registers the
-built-in targets and launchers as hook implementations, and under --simplefsdp-matrix (or ini
-``simplefsdp_matrix = true``) registers the controller, which does the rest. Without the flag it adds
-nothing to a run but the ``simplefsdp_cell`` fixture.
+"""The pytest plugin, thin as pytest-xdist's: it declares the options, the markers and our own hooks, and under
+--simplefsdp-matrix (or ini ``simplefsdp_matrix = true``) loads the controller, which does the rest. Every pytest
+run in an environment with the plugin installed imports this module, so it imports nothing else of the package
+at its top: a plain run pays for the options and the ``simplefsdp_cell`` fixture only.
 
-Pipeline, one module per step: matrix -> cells -> launch -> results -> verdict -> numerics (baselines)
--> report; controller.py drives it, items.py collects it, store.py keeps its records.
+Pipeline, one subpackage per step: spec (matrix, cells, profiles) -> targets -> launch -> judge (results,
+evidence, numerics, invariants, verdict) -> store -> report; run/ drives one cell, session/ the pytest session.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from .controller import Controller
-from .items import SESSION_PLUGIN, CellItem, controller_of
-from .launch import LAUNCHERS, become_subreaper
-from .matrix import MatrixError
 from .options import OPTIONS, add_options, raw
-from .profiles import MATRIX_DIR
-from .targets import make_target
 
 BUILTINS_PLUGIN = "simplefsdp-builtins"
+SESSION_PLUGIN = "simplefsdp-session"
 MATRIX = next(o for o in OPTIONS if o.name == "matrix")
+MARKERS = (
+    "simplefsdp: a cell of the SimpleFSDP composability matrix",
+    "smoke: the small tier of matrix cells that CI runs (pytest -m smoke)",
+    "simplefsdp_cell(cell_id, matrix=PATH or profile=NAME, mutant=None): the matrix cell the simplefsdp_cell "
+    "fixture runs for this test",
+)
 
 
 def pytest_addhooks(pluginmanager):
@@ -37,18 +38,27 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "simplefsdp: a cell of the SimpleFSDP composability matrix")
-    config.addinivalue_line("markers", "smoke: the small tier of matrix cells that CI runs (pytest -m smoke)")
-    config.addinivalue_line("markers", "simplefsdp_cell(cell_id, matrix=PATH or profile=NAME, mutant=None): the "
-                                       "matrix cell the simplefsdp_cell fixture runs for this test")
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
     if raw(config, MATRIX):  # (the other options are validated by the controller: a plain run reads none of them)
-        _register_builtins(config)
+        from .session.controller import Controller  # the controller and its dependencies: matrix runs only
+
+        register_builtins(config)
         config.pluginmanager.register(Controller(config), SESSION_PLUGIN)
         signal.signal(signal.SIGTERM, _terminate)
+    else:
+        from .options import check_unused
+
+        check_unused(config)  # a --simplefsdp-* option that would do nothing without --simplefsdp-matrix
 
 
-def _register_builtins(config):
+def register_builtins(config):
+    """The built-in targets and launchers, as implementations of our own hooks (asked last, so a conftest's or
+    another plugin's answer comes first). SLURM's is in launch/slurm_plugin.py, a plugin of its own."""
     if not config.pluginmanager.has_plugin(BUILTINS_PLUGIN):
+        from .launch.procs import become_subreaper
+        from .session.builtins import Builtins
+
         config.pluginmanager.register(Builtins(), BUILTINS_PLUGIN)
         become_subreaper()  # orphans that shed the cell's marker come back to us (see launch.procs)
 
@@ -56,19 +66,6 @@ def _register_builtins(config):
 def _terminate(signum, frame):
     """SIGTERM acts like Ctrl-C: the running cell's ranks are killed, finished results are kept."""
     raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
-
-
-class Builtins:
-    """The built-in targets and launchers, as implementations of our own hooks (asked last, so a
-    conftest's or another plugin's answer comes first). SLURM's is in launch/slurm.py, a plugin of its own."""
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_simplefsdp_make_target(self, matrix, cache_dir):
-        return make_target(matrix, cache_dir)
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_simplefsdp_make_launcher(self, config, name, dry_run):
-        return LAUNCHERS[name]() if name in LAUNCHERS else None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -79,8 +76,9 @@ def pytest_runtest_makereport(item, call):
     reason = getattr(item, "xpass_reason", None)
     if reason and call.when == "call" and rep.passed:
         rep.wasxfail = reason
-    if call.when == "call" and isinstance(item, CellItem):
-        rep.simplefsdp_records = controller_of(item.config).store.take_pending()
+    controller = item.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    if call.when == "call" and controller is not None and hasattr(item, "cell"):
+        rep.simplefsdp_records = controller.session.store.take_pending()
     return rep
 
 
@@ -98,6 +96,10 @@ def simplefsdp_cell(request):
         def test_ep_trains(simplefsdp_cell):
             assert simplefsdp_cell.status == "passed"
     """
+    from .session.state import MatrixSession
+    from .spec.profiles import shipped
+    from .yamlio import MatrixError
+
     marker = request.node.get_closest_marker("simplefsdp_cell")
     if marker is None or len(marker.args) != 1:
         raise pytest.UsageError(f"{request.node.nodeid}: the simplefsdp_cell fixture needs "
@@ -105,25 +107,23 @@ def simplefsdp_cell(request):
     matrix, profile = marker.kwargs.get("matrix"), marker.kwargs.get("profile")
     if (matrix is None) == (profile is None):
         raise pytest.UsageError(f"{request.node.nodeid}: simplefsdp_cell: give matrix=PATH or profile=NAME")
-    path = Path(matrix) if matrix else MATRIX_DIR / f"{profile}.yaml"
+    if profile is not None and profile not in shipped(request.config.rootpath):
+        raise pytest.UsageError(f"{request.node.nodeid}: simplefsdp_cell: unknown profile {profile!r}; known: "
+                                f"{', '.join(shipped(request.config.rootpath))}")
+    path = Path(matrix) if matrix else shipped(request.config.rootpath)[profile]
     path = path if path.is_absolute() else request.path.parent / path
-    return _fixture_controller(request.config, path).run_one(path, marker.args[0], marker.kwargs.get("mutant"))
-
-
-def _fixture_controller(config, path: Path) -> Controller:
-    """One controller per matrix file for the whole pytest session (not registered as a plugin: the
-    session's own tests are collected as usual), closed at its end."""
-    controllers = config.stash.setdefault(_FIXTURE_CONTROLLERS, {})
-    if path not in controllers:
-        _register_builtins(config)
+    sessions = request.config.stash.setdefault(_FIXTURE_SESSIONS, {})
+    if path not in sessions:  # one per matrix file for the whole pytest session, closed at its end
+        register_builtins(request.config)
         if not path.exists():
             raise pytest.UsageError(f"simplefsdp_cell: {path}: no such matrix file")
         try:
-            controllers[path] = Controller(config, files=[path])
+            sessions[path] = state = MatrixSession(request.config, files=[path])
         except MatrixError as e:
             raise pytest.UsageError(str(e)) from None
-        config.add_cleanup(controllers[path].close)
-    return controllers[path]
+        request.config.add_cleanup(state.store.close)
+        request.config.add_cleanup(state.close)
+    return sessions[path].run_one(path, marker.args[0], marker.kwargs.get("mutant"))
 
 
-_FIXTURE_CONTROLLERS = pytest.StashKey[dict]()
+_FIXTURE_SESSIONS = pytest.StashKey[dict]()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import marked
-from pytest_simplefsdp.profiles import MATRIX_DIR
+from helpers import marked
+from pytest_simplefsdp.paths import MATRIX_DIR
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
 if not __import__("importlib.metadata").metadata.version("torchtitan").startswith("0.3."):

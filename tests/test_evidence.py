@@ -2,7 +2,7 @@
 
 import json
 
-from pytest_simplefsdp.evidence import inductor_codegen
+from pytest_simplefsdp.judge.evidence import inductor_codegen
 
 
 def trace_line(kind, payload=True):
@@ -55,7 +55,7 @@ def test_a_payload_line_that_mentions_the_kind_is_not_a_record(tmp_path):
 
 def test_a_command_target_that_ignores_its_tp_flag_fails_as_invalid_config(run_matrix, pytester):
     """The label says tp=2; the program trains, exits 0, and records a TP mesh of 1: not a pass."""
-    from conftest import fake_matrix
+    from helpers import fake_matrix
 
     text = fake_matrix(modes=["pass", "ignoretp"], args=', "--tp", "{tp}"').replace(
         "  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1).replace(
@@ -77,7 +77,7 @@ def test_a_command_target_that_ignores_its_tp_flag_fails_as_invalid_config(run_m
 
 
 def test_the_dry_run_says_what_will_be_checked(run_matrix):
-    from conftest import fake_matrix
+    from helpers import fake_matrix
 
     text = fake_matrix(args=', "--tp", "{tp}"').replace("  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1).replace(
         "target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
@@ -86,7 +86,7 @@ def test_the_dry_run_says_what_will_be_checked(run_matrix):
 
 
 def test_bad_evidence_keys_are_usage_errors_naming_the_file(run_matrix, pytester):
-    from conftest import fake_matrix
+    from helpers import fake_matrix
 
     text = fake_matrix().replace("target:\n", "target:\n  evidence: {nope: mesh.tp}\n", 1)
     result = run_matrix(text)

@@ -11,11 +11,13 @@ import time
 import psutil
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours
-from pytest_simplefsdp import launch
-from pytest_simplefsdp.launch import MARKER, LaunchSpec, TorchrunLauncher, kill_procs, session_leftovers
-from pytest_simplefsdp.results import build_result
-from pytest_simplefsdp.cells import Cell
+from helpers import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours
+from pytest_simplefsdp.launch import procs as launch
+from pytest_simplefsdp.launch.procs import MARKER, kill_procs, session_leftovers
+from pytest_simplefsdp.launch.spec import LaunchSpec
+from pytest_simplefsdp.launch.torchrun import TorchrunLauncher
+from pytest_simplefsdp.judge.results import build_result
+from pytest_simplefsdp.spec.cells import Cell
 from pytest_simplefsdp.targets import RankCommand
 
 

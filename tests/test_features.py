@@ -3,7 +3,7 @@ resume its checkpoint; each later run must pass and must show it loaded the chec
 
 import json
 
-from conftest import fake_matrix, marked
+from helpers import fake_matrix, marked
 
 FEATURES = """\
 features:
@@ -54,13 +54,13 @@ def test_a_step_before_the_cell_runs_first_and_its_failure_is_the_cells(run_matr
     """`features.<name>.before: precompile`: one process writes what the cell's ranks then load (upstream's
     precompile tests); a failing step fails the cell with its own error, and the ranks never start."""
     artifact = "{dump_folder}/../precompile_artifact/model.bin"
-    text = fake_matrix(args=f', "--needs", "{artifact}"').replace("ids:\n  ranks: {prefix: r}\n", f"""\
+    text = fake_matrix(args=f', "--needs", "{artifact}"').replace("ids:\n  ranks: {prefix: r}\n", """\
 features:
-  precompile: {{before: precompile}}
+  precompile: {before: precompile}
   unprepared: ["--delta 0.5"]
 ids:
-  ranks: {{prefix: r}}
-  feature: {{omit: none}}
+  ranks: {prefix: r}
+  feature: {omit: none}
 """).replace("  ranks: [2]\n", "  ranks: [2]\n  feature: [precompile, unprepared]\n  artifact: [good, broken]\n", 1).replace(
         "target:\n", f"target:\n  steps:\n    precompile: [\"{{python}}\", \"-c\", \"{STEP}\", \"{artifact}\", \"{{artifact}}\"]\n", 1)
     out = pytester.path / "run.json"
@@ -101,7 +101,7 @@ def test_virtual_local_rank_gives_every_worker_local_rank_0_and_its_own_gpu():
     """torchrun --virtual-local-rank, as the local and fork launchers reproduce it for a precompiled cell."""
     from pathlib import Path
 
-    from pytest_simplefsdp.launch import LaunchSpec
+    from pytest_simplefsdp.launch.spec import LaunchSpec
     from pytest_simplefsdp.launch.procs import worker_vars
     from pytest_simplefsdp.targets import RankCommand
 

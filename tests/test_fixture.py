@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import fake_matrix
+from helpers import fake_matrix
 
 TESTS = '''
 import pytest

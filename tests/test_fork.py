@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import FAKE_RANK, fake_matrix, launcher_ready, marked, module_matrix
+from helpers import FAKE_RANK, fake_matrix, launcher_ready, marked, module_matrix
 from pytest_simplefsdp.launch.fork import _ForkServer
 from pytest_simplefsdp.targets import RankCommand
 

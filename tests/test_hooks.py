@@ -3,15 +3,15 @@ changed after expansion, every record seen, and one more report format."""
 
 import json
 
-from conftest import FAKE_RANK
+from helpers import FAKE_RANK
 
 CONFTEST = '''
 import json
 import sys
 from pathlib import Path
 
-from pytest_simplefsdp.cells import Dropped
-from pytest_simplefsdp.launch import LocalLauncher
+from pytest_simplefsdp.spec.cells import Dropped
+from pytest_simplefsdp.launch.local import LocalLauncher
 from pytest_simplefsdp.targets import CommandTarget, RankCommand
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import KF, fake_matrix, report_tool
-from pytest_simplefsdp import report
-from pytest_simplefsdp.verdict import signature
+from helpers import KF, fake_matrix, report_tool
+from pytest_simplefsdp.report import compare as report
+from pytest_simplefsdp.judge.known import signature
 
 REPO = Path(__file__).resolve().parent.parent
 

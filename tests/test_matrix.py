@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from pytest_simplefsdp.cells import expand
-from pytest_simplefsdp.matrix import MatrixError, load_matrix
-from pytest_simplefsdp.profiles import MATRIX_DIR
+from pytest_simplefsdp.spec.cells import expand
+from pytest_simplefsdp.spec.matrix import MatrixError, load_matrix
+from pytest_simplefsdp.paths import MATRIX_DIR
 from pytest_simplefsdp.targets import make_target
 
 BASE = """\

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from conftest import NUMERICS, fake_matrix
-from pytest_simplefsdp.matrix import Lane
-from pytest_simplefsdp.numerics import compare
+from helpers import NUMERICS, fake_matrix
+from pytest_simplefsdp.spec.matrix import Lane
+from pytest_simplefsdp.judge.numerics import compare
 
 
 def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, pytester):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import fake_matrix, marked, module_matrix
+from helpers import fake_matrix, marked, module_matrix
 
 
 def intervals(run_json):
@@ -65,7 +65,7 @@ def test_bad_jobs_value(run_matrix):
 
 def test_the_plan_packs_as_the_packer_does_in_item_order():
     """schedule.plan simulates the Packer: in item order, a cell waits at the head of the line for its GPUs."""
-    from pytest_simplefsdp.schedule import plan
+    from pytest_simplefsdp.run.schedule import plan
 
     gpus = [str(i) for i in range(8)]
     rows = plan([("a", 4, 10), ("b", 4, 10), ("c", 8, 5), ("d", 2, 1), ("e", 16, 1), ("f", 2, 3)], 99, 8, gpus)

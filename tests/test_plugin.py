@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fake_matrix, marked
+from helpers import fake_matrix, marked
 
 
 def test_without_the_flag_nothing_changes(pytester):
@@ -190,13 +190,13 @@ def test_a_cell_that_logged_no_step_never_passes(run_matrix):
     assert not marked("quiet-r2")
 
 
-OPTIONS_CACHE = __import__("pytest_simplefsdp.titan_options").titan_options.cache_root()  # read before pytester's HOME
+OPTIONS_CACHE = __import__("pytest_simplefsdp.paths").paths.cache_root()  # read before pytester's HOME
 
 
 def shipped_cells(name):
-    from pytest_simplefsdp.cells import expand
-    from pytest_simplefsdp.matrix import load_matrix
-    from pytest_simplefsdp.profiles import MATRIX_DIR
+    from pytest_simplefsdp.spec.cells import expand
+    from pytest_simplefsdp.spec.matrix import load_matrix
+    from pytest_simplefsdp.paths import MATRIX_DIR
 
     return [c.id for c in expand(load_matrix(MATRIX_DIR / f"{name}.yaml"))[0]]
 
@@ -273,7 +273,7 @@ def test_the_session_fails_loudly_when_a_process_of_it_survives(run_matrix, pyte
     at the end, and the run fails although every cell passed."""
     pytester.makeconftest("""
         import os, subprocess, sys
-        from pytest_simplefsdp import launch
+        from pytest_simplefsdp.launch import procs as launch
 
         def pytest_sessionstart(session):
             env = dict(os.environ, **{launch.MARKER: f"stray:{launch.SESSION}:conftest"})

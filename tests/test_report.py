@@ -6,9 +6,9 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-from conftest import KF, fake_matrix, report_tool
-from pytest_simplefsdp.results import last_exception
-from pytest_simplefsdp.verdict import signature
+from helpers import KF, fake_matrix, report_tool
+from pytest_simplefsdp.judge.results import last_exception
+from pytest_simplefsdp.judge.known import signature
 
 def test_status_md_is_regenerated_byte_for_byte_from_json(run_matrix, pytester):
     kf = pytester.path / "kf.yaml"

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_simplefsdp.results import CRASH_HINT, cell_losses, classify, last_exception, parse_losses, read_text
-from pytest_simplefsdp.verdict import signature
+from pytest_simplefsdp.judge.results import CRASH_HINT, cell_losses, classify, last_exception, parse_losses, read_text
+from pytest_simplefsdp.judge.known import signature
 
 DATA = Path(__file__).parent / "data"
 
@@ -72,9 +72,9 @@ def test_pp_stages_without_the_loss_are_not_the_cell_losses():
 def test_a_heap_abort_names_glibcs_message_and_where_python_was():
     """A torchtitan 0.2 EP cell (gloo all_to_all) died of SIGABRT after glibc's heap check; the record said only
     "rank 0 killed by SIGABRT". It now carries the message and faulthandler's innermost frames."""
-    from pytest_simplefsdp.cells import Cell
-    from pytest_simplefsdp.launch import LaunchOutcome
-    from pytest_simplefsdp.results import build_result
+    from pytest_simplefsdp.spec.cells import Cell
+    from pytest_simplefsdp.launch.spec import LaunchOutcome
+    from pytest_simplefsdp.judge.results import build_result
 
     log = DATA / "titan02_ep_heap_abort.log"
     outcome = LaunchOutcome(exit_codes={0: -6, 1: -15}, first_failed_rank=0, rank_logs={0: [str(log)]})

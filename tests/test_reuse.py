@@ -7,7 +7,7 @@ import platform
 import subprocess
 import sys
 
-from conftest import NUMERICS, fake_matrix
+from helpers import NUMERICS, fake_matrix
 
 
 def run_doc(path):

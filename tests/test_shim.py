@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pytest_simplefsdp.targets import SHIM_DIR
+from pytest_simplefsdp.paths import SHIM_DIR
 
 
 def run_python(code, **env):
@@ -58,10 +58,7 @@ def test_device_type_patch_makes_torch_answer_cpu():
 def test_fill_indices_replacement_matches_the_loop_reference():
     """titan02's EP permutation: fixed-shape tensor ops give what 0.2's `.item()` loop gives."""
     torch = pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("simplefsdp_shim", SHIM_DIR / "sitecustomize.py")
-    shim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shim)
-
+    from pytest_simplefsdp.shim import patches as shim
 
     def reference(tokens, starts, write_offsets, per_rank, ranks, max_len):
         out = torch.full((max_len,), -1, dtype=torch.int32)
@@ -126,7 +123,7 @@ import torch, torch.distributed as dist, torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import distribute_tensor, DTensor, Shard, Replicate, Partial
 from torch.distributed.tensor.placement_types import _StridedShard
-import sitecustomize as shim
+from pytest_simplefsdp.shim import gradmath as shim
 
 def rank(r, out):
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=r, world_size=4)
@@ -146,18 +143,18 @@ def rank(r, out):
     calls = []
     gather = dist.all_gather
     dist.all_gather = lambda *a, **k: (calls.append(1), gather(*a, **k))[1]
-    norms, gathers = shim._norms(t), len(calls)
-    sums = shim._checksums(t)
+    norms, gathers = shim.norms(t), len(calls)
+    sums = shim.checksums(t)
     dist.all_gather = gather
     per_tensor = {k: None if v is None else float(torch.linalg.vector_norm(v).full_tensor() if k != "f" else
                                                   torch.linalg.vector_norm(v)) for k, v in t.items()}
     exact = {k: None if k == "none" else float(torch.linalg.vector_norm(full[k])) for k in t}
-    whole = {k: None if k == "none" else int(shim._bits_hash(full[k], torch.arange(full[k].numel()))) for k in t}
-    rolled = int(shim._bits_hash(full["b"].roll(1, 0), torch.arange(full["b"].numel())))
+    whole = {k: None if k == "none" else int(shim.bits_hash(full[k], torch.arange(full[k].numel()))) for k in t}
+    rolled = int(shim.bits_hash(full["b"].roll(1, 0), torch.arange(full["b"].numel())))
     # a shard the probe cannot use on one rank only (rank 1's "b"): every rank must gather "b" whole, together
     norm = torch.linalg.vector_norm
     is_b = lambda x: x.to_local().data_ptr() == t["b"].to_local().data_ptr()  # the probe holds a detached view
-    mixed = shim._over_shards({k: t[k] for k in "abg"}, lambda x: (norm(x.to_local()).pow(2), not (r == 1 and is_b(x))),
+    mixed = shim.over_shards({k: t[k] for k in "abg"}, lambda x: (norm(x.to_local()).pow(2), not (r == 1 and is_b(x))),
                               lambda x: float(norm(x)), lambda s: s.pow(0.5))
     with open(os.path.join(out, f"rank{r}.json"), "w") as f:
         json.dump({"norms": norms, "per_tensor": per_tensor, "exact": exact, "order": list(norms),
@@ -176,7 +173,7 @@ def test_the_grad_probe_reads_full_tensors_with_a_few_batched_collectives(tmp_pa
     hash of the full tensor exactly, whatever the layout; one all-gather per mesh dimension and group, not one
     collective per tensor; every rank gets the same values, in the caller's order; a shard one rank cannot use makes
     every rank gather that tensor whole (not that rank alone, which would wait for its peers forever)."""
-    from pytest_simplefsdp.launch import free_port
+    from pytest_simplefsdp.launch.procs import free_port
 
     script = tmp_path / "probe.py"
     script.write_text(PROBE_CODE)

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import fake_matrix, interruptible, slurm_jobs
-from pytest_simplefsdp.launch import LaunchSpec
+from helpers import fake_matrix, interruptible, slurm_jobs
+from pytest_simplefsdp.launch.spec import LaunchSpec
 from pytest_simplefsdp.launch.slurm import SlurmLauncher, SlurmOptions
 from pytest_simplefsdp.targets import RankCommand
 

@@ -10,10 +10,11 @@ from typing import Literal, Optional
 
 import pytest
 
-from pytest_simplefsdp import targets
-from pytest_simplefsdp.cells import expand
-from pytest_simplefsdp.matrix import MatrixError, load_matrix
-from pytest_simplefsdp.titan_options import Flag, OptionError, Options, walk
+from pytest_simplefsdp.targets import base as targets
+from pytest_simplefsdp.spec.cells import expand
+from pytest_simplefsdp.spec.matrix import MatrixError, load_matrix
+from pytest_simplefsdp.shim.options import walk
+from pytest_simplefsdp.targets.flags import Flag, OptionError, Options
 from pytest_simplefsdp.targets import make_target
 
 FAKE_CONFIGS = '''
@@ -201,7 +202,7 @@ def test_walk_reads_nested_options_and_their_choices():
     ({"torch": "2.14.1"}, "torchtitan is not installed; target titan03 supports torchtitan >=0.3.0,<0.5"),
 ])
 def test_versions_outside_the_target_range_are_named(monkeypatch, tmp_path, installed, expected):
-    monkeypatch.setattr(targets, "_installed", installed.get)
+    monkeypatch.setattr(targets, "installed", installed.get)
     matrix = tmp_path / "m.yaml"
     matrix.write_text(MATRIX.format(module="m", compile="eager", backend="aot_eager"))
     problem = make_target(load_matrix(matrix), tmp_path).check_installed()
@@ -211,8 +212,8 @@ def test_versions_outside_the_target_range_are_named(monkeypatch, tmp_path, inst
 def test_an_unsupported_torch_stops_the_run_before_any_cell(pytester):
     """A clear usage error at collection, never a half-run matrix."""
     pytester.makeconftest(textwrap.dedent("""\
-        from pytest_simplefsdp import targets
-        targets._installed = {"torch": "2.13.0", "torchtitan": "0.3.0"}.get
+        from pytest_simplefsdp.targets import base as targets
+        targets.installed = {"torch": "2.13.0", "torchtitan": "0.3.0"}.get
         """))
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -221,9 +222,9 @@ def test_an_unsupported_torch_stops_the_run_before_any_cell(pytester):
 
 
 def test_a_dry_run_without_the_targets_torchtitan_says_its_flags_are_unchecked(monkeypatch):
-    from pytest_simplefsdp.profiles import MATRIX_DIR
+    from pytest_simplefsdp.paths import MATRIX_DIR
 
-    monkeypatch.setattr(targets, "_installed", {"torch": "2.14.1", "torchtitan": "0.3.0"}.get)
+    monkeypatch.setattr(targets, "installed", {"torch": "2.14.1", "torchtitan": "0.3.0"}.get)
     target = make_target(load_matrix(MATRIX_DIR / "titan02-cpu.yaml"), MATRIX_DIR)
     assert target.check_installed().startswith("target titan02 supports torchtitan >=0.2.0,<0.3")
     assert target.spelling == "torchtitan 0.2.0 option names, unchecked (this target's torchtitan is not installed)"

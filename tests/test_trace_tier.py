@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from conftest import FAKE_RANK
+from helpers import FAKE_RANK
 
 MATRIX = textwrap.dedent(f"""\
     profile: fake8

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_simplefsdp import upstream
-from pytest_simplefsdp.matrix import load_matrix
+from pytest_simplefsdp.report import coverage
+from pytest_simplefsdp.spec import upstream
+from pytest_simplefsdp.spec.matrix import load_matrix
 
 FAKE = Path(__file__).parent / "data" / "upstream_fake" / "integration_tests.py"
 
@@ -73,7 +74,7 @@ ids:
 def test_coverage_names_the_cell_or_what_is_missing(tmp_path):
     path = tmp_path / "mini.yaml"
     path.write_text(MATRIX)
-    cov = upstream.coverage(upstream.load_file(FAKE), upstream.candidates([load_matrix(path)]))
+    cov = coverage.coverage(upstream.load_file(FAKE), coverage.candidates([load_matrix(path)]))
     rows = {r.test.name: r for r in cov["tests"]}
     assert rows["aot_fx_trace_fsdp_tp"].status == "covered"
     assert rows["aot_fx_trace_fsdp_tp"].cells == ["mini::llama3-dp2-tp2-aot_fx_trace-mp_default",
@@ -86,7 +87,7 @@ def test_coverage_names_the_cell_or_what_is_missing(tmp_path):
     assert cov["totals"] == {"covered": 2, "partly": 0, "none": 3}
     assert "mini::llama3-dp4-aot_fx_trace-mp_default" in cov["ours_only"]
     path.write_text(MATRIX.replace("  feature: [none, auto_bucketing]", "  feature: [none]"))
-    cov = upstream.coverage(upstream.load_file(FAKE), upstream.candidates([load_matrix(path)]))
+    cov = coverage.coverage(upstream.load_file(FAKE), coverage.candidates([load_matrix(path)]))
     row = next(r for r in cov["tests"] if r.test.name == "jit_1d_auto_bucketing")
     assert (row.status, row.reason) == ("partly", "same layout; not set by any: compile.passes")
 
@@ -100,7 +101,7 @@ def test_the_installed_torchtitans_suite_loads_and_our_profiles_cover_it():
     assert len(tests) >= 10 and len({t.name for t in tests}) == len(tests)
     assert all(upstream.configuration(t).world == t.ngpu for t in tests)
     assert any(t.disabled and t.note for t in tests)
-    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.upstream", "--format", "json"],
+    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report.coverage", "--format", "json"],
                          capture_output=True, text=True, check=True).stdout
     doc = json.loads(out)
     assert sum(doc["totals"].values()) == len(tests) and doc["totals"]["covered"] >= 0.85 * len(tests)
@@ -122,13 +123,13 @@ rules:
 
 
 def test_source_upstream_makes_one_cell_per_upstream_test(tmp_path, monkeypatch):
-    from pytest_simplefsdp.cells import expand
+    from pytest_simplefsdp.spec.cells import expand
     from pytest_simplefsdp.targets import make_target
 
     monkeypatch.setattr(upstream, "load", lambda gen=None, root=None: upstream.load_file(FAKE))
     path = tmp_path / "upstream.yaml"
     path.write_text(SOURCE)
-    matrix = load_matrix(path)
+    matrix = upstream.with_source(load_matrix(path))  # (validating the file reads no test: running it does)
     cells, dropped = expand(matrix)
     assert [(c.id, c.world) for c in cells] == [("aot_fx_trace_fsdp_tp", 4), ("checkpoint_resume", 2),
                                                ("moe_ep2", 8), ("moe_ep4", 8)]
@@ -149,14 +150,14 @@ def test_source_upstream_makes_one_cell_per_upstream_test(tmp_path, monkeypatch)
         load_matrix(path)
     # a suite that is not installed here is SourceUnavailable (shipped profiles of it are skipped); a file
     # with a wrong target is broken, whatever it says about upstream
-    from pytest_simplefsdp.matrix import MatrixError, SourceUnavailable
+    from pytest_simplefsdp.spec.matrix import MatrixError, SourceUnavailable
 
     def missing(gen=None, root=None):
         raise LookupError("torchtitan 0.3's graph_trainer tests are not installed")
     monkeypatch.setattr(upstream, "load", missing)
     path.write_text(SOURCE)
     with pytest.raises(SourceUnavailable, match=r"upstream.yaml:3: source upstream \(torchtitan 0.3\): .*not installed"):
-        load_matrix(path)
+        upstream.with_source(load_matrix(path))
     path.write_text(SOURCE.replace("target: titan03", "target: titan04"))
     with pytest.raises(MatrixError, match="source upstream needs target titan03 or titan02") as bad:
         load_matrix(path)
@@ -175,7 +176,7 @@ def test_the_shipped_upstream_profile_lists_the_installed_suite(pytester):
                                            "--simplefsdp-dry-run", "--co", "-q")
     ids = [line.rsplit("::", 1)[1] for line in result.stdout.lines
            if f"{profile}.yaml::" in line and " ranks, timeout " not in line]  # (not the dry run's commands)
-    from pytest_simplefsdp.cells import value_id
+    from pytest_simplefsdp.spec.cells import value_id
 
     dropped_here = {"upstream": 0, "titan02-upstream": 1}[profile]  # (the model-less 0.2 test)
     assert len(ids) == len(tests) - dropped_here and set(ids) <= {value_id(t.name) for t in tests}
@@ -190,7 +191,7 @@ def test_upstreams_precompile_tests_are_covered_by_cells_that_precompile_first(p
         pytest.skip(str(e))
     if not tests:
         pytest.skip("the installed torchtitan has no precompile tests (0.2)")
-    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.upstream", "--format", "json"],
+    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report.coverage", "--format", "json"],
                          capture_output=True, text=True, check=True).stdout
     rows = {r["name"]: r for r in json.loads(out)["tests"]}
     assert {t.name: rows[t.name]["status"] for t in tests} == {t.name: "covered" for t in tests}

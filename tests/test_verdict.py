@@ -5,9 +5,9 @@ import textwrap
 
 import pytest
 
-from conftest import fake_matrix
-from pytest_simplefsdp.matrix import MatrixError
-from pytest_simplefsdp.verdict import load_known_failures, signature
+from helpers import fake_matrix
+from pytest_simplefsdp.spec.matrix import MatrixError
+from pytest_simplefsdp.judge.known import load_known_failures, signature
 
 # error texts as torchtitan / PyTorch print them (see the upstream issues the entries link)
 HOP_NEW = ("torch._dynamo.exc.Unsupported: HOP: Unsafe side effect\n  Higher Order Operator: "
@@ -214,7 +214,7 @@ def test_update_known_failures_adds_and_removes_keeping_comments(run_matrix, pyt
 
 def test_signature_matching_is_linear_time():
     """`(a+)+$` against a 200-character line backtracks for minutes in Python's re; RE2 answers at once."""
-    from pytest_simplefsdp.verdict import compile_signature
+    from pytest_simplefsdp.judge.known import compile_signature
 
     assert compile_signature("(a+)+$").search("a" * 200 + "b") is None
     assert compile_signature("(a+)+$").search("RuntimeError: " + "a" * 200)
@@ -223,8 +223,8 @@ def test_signature_matching_is_linear_time():
 def test_a_shipped_profile_that_does_not_load_is_named_not_skipped(pytester, monkeypatch):
     """The known-failures check loads every shipped profile; a broken one is a usage error naming it (it was
     skipped, and an entry on its axes then failed as "condition on unknown axis")."""
-    from pytest_simplefsdp import controller
-    from pytest_simplefsdp.profiles import MATRIX_DIR
+    from pytest_simplefsdp.paths import MATRIX_DIR
+    from pytest_simplefsdp.spec import profiles
 
     shipped = pytester.path / "shipped"
     shipped.mkdir()
@@ -232,7 +232,7 @@ def test_a_shipped_profile_that_does_not_load_is_named_not_skipped(pytester, mon
         (shipped / p.name).write_text(p.read_text())
     (shipped / "h100x8.yaml").write_text((MATRIX_DIR / "h100x8.yaml").read_text().replace("  model: [llama3,",
                                                                                           "  model: [gemma,"))
-    monkeypatch.setattr(controller, "MATRIX_DIR", shipped)
+    monkeypatch.setattr(profiles, "MATRIX_DIR", shipped)
     (pytester.path / "fake.yaml").write_text(fake_matrix())
     result = pytester.runpytest_inprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
                                           "--simplefsdp-dry-run", "--co", "-q")

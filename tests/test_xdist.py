@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import fake_matrix
+from helpers import fake_matrix
 from test_numerics import NUMERICS
 
 pytest.importorskip("xdist", reason="pytest-xdist is a test dependency (tox)")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 
-from ..targets import RankCommand
+from ..commands import RankCommand
 from .local import LocalLauncher
 from .procs import MARKER, SESSION, die_with_parent, kill_procs, python_module, python_path, rank_env, worker_vars, \
     spawn, token_of
-from .supervisor import LaunchOutcome, LaunchSpec
+from .spec import LaunchOutcome, LaunchSpec
 
 
 class _ServerRank:

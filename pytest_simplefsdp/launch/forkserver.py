@@ -54,6 +54,8 @@ def _rank(req, rank, server):
     os.environ.clear()
     os.environ.update(req["envs"][rank])
     _reread_environment()
+    for after_fork in getattr(sys.modules.get("sitecustomize"), "AFTER_FORK", []):  # e.g. the probe's own record
+        after_fork()
     if req.get("cwd"):
         os.chdir(req["cwd"])
     sys.argv = [req["module"], *req["args"]]

@@ -9,7 +9,8 @@ import signal
 import subprocess
 
 from .procs import cell_token, die_with_parent, kill_cell, quote_env, rank_env, spawn, worker_vars
-from .supervisor import LaunchOutcome, LaunchSpec, Supervisor
+from .spec import LaunchOutcome, LaunchSpec
+from .supervisor import Supervisor
 
 
 class LocalLauncher:

@@ -15,14 +15,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 
-from ..targets import SHIM_DIR, RankCommand
-
-if TYPE_CHECKING:
-    from .supervisor import LaunchSpec
+from ..commands import RankCommand
+from ..paths import SHIM_DIR
+from .spec import LaunchSpec
 
 MARKER = "SIMPLEFSDP_CELL"
 TERM_GRACE_S = 3.0

@@ -10,8 +10,8 @@ SLURM owns the processes, so this launcher never signals them itself: a stack du
 ``scancel`` of the step, and a cell still queued is withdrawn by stopping its srun. The cell's
 timeout counts from the moment the step starts; the time in the queue has its own limit.
 
-This module is a pytest plugin of its own (entry point ``simplefsdp_slurm``): it adds its options to the
-plugin's group and answers ``pytest_simplefsdp_make_launcher`` for ``slurm``, as any other plugin could.
+Its options and its answer to ``pytest_simplefsdp_make_launcher`` are a pytest plugin of their own
+(slurm_plugin.py, entry point ``simplefsdp_slurm``), as any other plugin's launcher could be.
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import pytest
-
-from ..evidence import probe_folder
-from ..options import Option, add_options, positive, read, whole
+from ..paths import probe_folder
 from .procs import cell_token, die_with_parent, quote_env, rank_env, spawn
 from .reaper import SURVIVOR_LINE
-from .supervisor import STACK_DUMP_WAIT_S, LaunchOutcome, LaunchSpec, Supervisor
+from .spec import LaunchOutcome, LaunchSpec
+from .supervisor import STACK_DUMP_WAIT_S, Supervisor
 from .torchrun import TorchrunLauncher, read_root_cause
 
 GPUS_PER_NODE = 8  # a GPU cell's default ranks per node
@@ -288,45 +286,3 @@ class _StepSupervisor(Supervisor):
             nodes = self.spec.nproc // self.per_node
             out.launch_error = (f"SLURM did not run the cell ({nodes} node{'s' * (nodes > 1)} of {self.per_node} "
                                 f"rank{'s' * (self.per_node > 1)}): {said}")
-
-
-# --- the plugin: its options and its launcher, through the hooks any plugin uses ------------------------
-
-
-def _srun_words(name, value):
-    try:
-        return shlex.split(value or "")
-    except ValueError as e:
-        raise pytest.UsageError(f"--simplefsdp-{name}: {e}: {value!r}") from None
-
-
-OPTIONS = [
-    Option("slurm-partition", "string", None, "slurm launcher: the partition the cells' steps run in "
-                                              "(srun --partition)"),
-    Option("slurm-account", "string", None, "slurm launcher: the account charged (srun --account)"),
-    Option("slurm-args", "string", None, "slurm launcher: more srun options, as one shell-quoted string "
-                                         "(e.g. \"--qos=high --cpus-per-task=16\")", _srun_words),
-    Option("slurm-ranks-per-node", "string", None, "slurm launcher: most ranks one node runs; larger cells span "
-                                                   "nodes (default: 8 for GPU profiles, one node for CPU profiles)",
-           whole),
-    Option("slurm-queue-timeout", "string", "3600", "slurm launcher: seconds a cell may wait in SLURM's queue "
-                                                    "before it is withdrawn and reported as not scheduled (its "
-                                                    "--simplefsdp-timeout counts from the step's start)", positive),
-]
-
-
-def pytest_addoption(parser):
-    add_options(parser, OPTIONS)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_simplefsdp_make_launcher(config, name, dry_run):
-    if name != "slurm":
-        return None
-    o = read(config, OPTIONS)
-    options = SlurmOptions(o["slurm_partition"], o["slurm_account"], o["slurm_args"], o["slurm_ranks_per_node"],
-                           o["slurm_queue_timeout"] or 3600.0)
-    problem = None if dry_run else check_cluster(options)
-    if problem:
-        raise pytest.UsageError(problem)
-    return SlurmLauncher(options)

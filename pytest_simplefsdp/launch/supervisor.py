@@ -7,48 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 
-from ..targets import RankCommand
 from .procs import TERM_GRACE_S, cell_processes, kill_procs, orphans_since, runner_children
 
 POLL_S = 0.05
 STACK_DUMP_WAIT_S = 1.5
-
-@dataclass
-class LaunchSpec:
-    cell_id: str
-    command: RankCommand
-    nproc: int
-    log_dir: Path
-    timeout: float
-    port: int
-    log_limit_bytes: int = 512 * 2**20
-    first_rank: int = 0  # ranks first_rank .. first_rank+nproc-1 run here (the trace tier runs one)
-    device: str = "cpu"  # the profile's device (a scheduler asks for GPUs for cuda cells)
-
-
-@dataclass
-class LaunchOutcome:
-    exit_codes: dict[int, int] = field(default_factory=dict)  # rank -> exit code (negative: signal)
-    launcher_exit: int | None = None  # a launcher process's own failure (torchrun, srun) no rank explains
-    first_failed_rank: int | None = None
-    timed_out: bool = False
-    stuck_ranks: list = field(default_factory=list)
-    log_flood: int = 0  # the log limit in bytes that the cell's output passed
-    cut_logs: list = field(default_factory=list)  # the logs cut after a flood (whose ranks wrote past the limit)
-    wall: float = 0.0
-    rank_logs: dict = field(default_factory=dict)  # rank -> [paths]
-    launcher_log: Path | None = None
-    survivors: list = field(default_factory=list)  # descriptions of processes killed after a clean end
-    reproducer: str = ""
-    launch_error: str | None = None
-    port: int | None = None
-    notes: list = field(default_factory=list)
-    launcher: str = ""  # the launcher that ran it (the cell's record says so)
 
 
 class Supervisor:

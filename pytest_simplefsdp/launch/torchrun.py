@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 
 from .procs import cell_processes, cell_token, die_with_parent, python_module, quote_env, rank_env, spawn
-from .supervisor import LaunchOutcome, LaunchSpec, Supervisor
+from .spec import LaunchOutcome, LaunchSpec
+from .supervisor import Supervisor
 
 
 class TorchrunLauncher:

@@ -15,6 +15,13 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   closeraise --rank closes its stdout and stderr, then raises at step --at-step
   daemon     rank 0 double-forks a setsid daemon that execs `sleep 97` with an empty environment
   ignoretp   like pass, but every rank records a TP mesh of size 1 whatever --tp asked
+With SIMPLEFSDP_INVARIANTS=1 every rank records each step's optimizer invariants as the shim's training probe does
+(steps.rank<RANK>.jsonl: a replicated parameter `w`, a sharded one `s`, one optimizer and scheduler step each);
+from step --at-step on, --rank breaks one:
+  staleupdate  its `w` does not change      replicadrift  its copy of `w` differs from the others'
+  lrskew       its learning rate differs    extrastep     it runs one more optimizer step
+  bigupdate    its piece of `s` moves twice as far (the update norm differs; every invariant holds)
+  norecord     it records nothing (its probe did not run)
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
 shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
 recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
@@ -139,6 +146,8 @@ def main():
             loss += 0.5
         grad_norm = 0.0 if a.mode == "zerograd" and step >= 2 else 1.0
         barrier(folder, step, rank, world)
+        if os.environ.get("SIMPLEFSDP_INVARIANTS") == "1":
+            invariants(a, rank, step, rank == target and step >= a.at_step)
         print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  "
               f"grad_norm: {grad_norm:7.4f}", flush=True)
     if a.checkpoint and rank == 0:
@@ -148,6 +157,22 @@ def main():
     with open(os.path.join(a.dump, f"times.rank{rank}"), "w") as f:  # for the packing tests
         f.write(f"{started} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
     return 0
+
+
+def invariants(a, rank, step, broken):
+    """This rank's record of the step, as the shim's probe writes it: FQN -> [changed, nonzero grad, lr, hash of
+    its bits, piece, squared norm of its update]."""
+    if a.mode == "norecord" and rank == (a.rank if a.rank >= 0 else 1):
+        return
+    lr = 0.001 * (2 if broken and a.mode == "lrskew" else 1)
+    w = [not (broken and a.mode == "staleupdate"), True, lr, 1000 + step + (7 if broken and a.mode == "replicadrift"
+                                                                            else 0), "", 0.25]
+    s = [True, True, lr, 50 * rank + step, f"dp={rank}", 1.0 if broken and a.mode == "bigupdate" else 0.25]
+    count = step + (1 if broken and a.mode == "extrastep" else 0)
+    record = {"step": step, "lr": [lr], "params": {"w": w, "s": s}, "optimizer_steps": count, "scheduler_steps": step}
+    os.makedirs(os.environ["SIMPLEFSDP_EVIDENCE_DIR"], exist_ok=True)
+    with open(os.path.join(os.environ["SIMPLEFSDP_EVIDENCE_DIR"], f"steps.rank{rank}.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

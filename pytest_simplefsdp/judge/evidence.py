@@ -1,0 +1,119 @@
+"""Between results and verdict: evidence that a passing cell ran what its label says.
+
+A cell that exits 0 and trains has not yet shown that its axes took effect: a flag the system under
+test ignores would pass as well (``backend: inductor`` on torchtitan 0.3's aot_fx_trace once did
+nothing). A target names, per cell, the checks its label implies; each reads what the run left behind
+and says what it expected and what it saw. A contradicted label fails the cell as ``invalid_config``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..paths import probe_folder
+
+
+@dataclass(frozen=True)
+class Evidence:
+    axis: str  # the axis (and value) the check is for, e.g. "backend=inductor"
+    expected: str
+    seen: str
+    ok: bool
+
+    def line(self):
+        return f"{self.axis}: expected {self.expected}, saw {self.seen}"
+
+    def record(self):
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One thing a cell's label implies about its run: ``key`` of every rank's probe record is ``value``."""
+
+    axis: str  # the label part, e.g. "tp=2"
+    key: str  # "<section>.<name>" of the probe record, e.g. "mesh.tp", "config.compile.mode"
+    value: str
+    default: str | None = None  # what an absent key means (a mesh axis of size 1 is not built)
+
+    def line(self):
+        return f"{self.axis} <- {self.key}"
+
+
+def read_probes(folder: Path) -> dict:
+    """rank -> the probe record it wrote ($SIMPLEFSDP_EVIDENCE_DIR/rank<N>.json)."""
+    records = {}
+    for path in sorted(Path(folder).glob("rank*.json")):
+        try:
+            records[int(path.stem[4:])] = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+    return records
+
+
+def _lookup(record, key, default):
+    section, _, name = key.partition(".")
+    value = record.get(section, {}).get(name, default)
+    return None if value is None else str(value)
+
+
+def check(expects: list, log_dir: Path) -> list:
+    """The evidence for each expectation, from every rank's probe record in the cell's folder."""
+    if not expects:
+        return []
+    folder = probe_folder(log_dir)
+    records = read_probes(folder)
+    out = []
+    for e in expects:
+        expected = f"{e.key} = {e.value} on every rank"
+        if not records:
+            out.append(Evidence(e.axis, expected, f"no probe record in {folder}", False))
+            continue
+        seen = {rank: _lookup(rec, e.key, e.default) for rank, rec in sorted(records.items())}
+        wrong = {r: v for r, v in seen.items() if v != e.value}
+        if not wrong:
+            out.append(Evidence(e.axis, expected, f"{e.value} on ranks {', '.join(map(str, seen))}", True))
+        else:
+            by_value = {}
+            for r, v in wrong.items():
+                by_value.setdefault(v, []).append(r)
+            saw = "; ".join(f"{'nothing' if v is None else v} on ranks {', '.join(map(str, rs))}"
+                            for v, rs in by_value.items())
+            out.append(Evidence(e.axis, expected, saw, False))
+    return out
+
+
+def _trace_entries(trace_dir: Path, key: str):
+    """Per rank-file counts of structured-trace records of kind ``key``. TORCH_TRACE writes a record as
+    one line ``<glog prefix>] {"<kind>": {...}, ...}`` followed by tab-indented payload lines."""
+    needle = f'] {{"{key}"'.encode()
+    counts = {}
+    for path in sorted(Path(trace_dir).glob("*.log")):
+        n = 0
+        with open(path, "rb") as f:
+            for raw in f:
+                if raw[:1] != b"\t" and needle in raw:
+                    try:
+                        n += key in json.loads(raw[raw.index(needle) + 2:])
+                    except ValueError:
+                        continue
+        counts[path.name] = n
+    return counts
+
+
+def inductor_codegen(trace_dir: Path, axis="backend=inductor") -> Evidence:
+    """Inductor wrote output code (``inductor_output_code`` in the compile trace) on every traced rank."""
+    expected = "inductor output code in the compile trace of every rank"
+    if not Path(trace_dir).is_dir():
+        return Evidence(axis, expected, f"no compile trace at {trace_dir}", False)
+    counts = _trace_entries(trace_dir, "inductor_output_code")
+    if not counts:
+        return Evidence(axis, expected, f"no trace files in {trace_dir}", False)
+    missing = [name for name, n in counts.items() if n == 0]
+    total = sum(counts.values())
+    if missing:
+        return Evidence(axis, expected, f"none in {len(missing)} of {len(counts)} trace files "
+                                        f"({', '.join(missing[:3])}); {total} elsewhere", False)
+    return Evidence(axis, expected, f"{total} inductor output-code records in {len(counts)} trace files", True)

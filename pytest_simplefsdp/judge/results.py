@@ -1,0 +1,306 @@
+"""Step 4: turn a launch outcome and its per-rank logs into a cell result.
+
+Reads the per-step losses, and on failure the rank that failed first, its first meaningful
+error line (the exception line of its last traceback), and a failure class.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+from dataclasses import asdict, dataclass, field, fields
+
+from ..kinds import FailureClass, Mutation, Status
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+RANK_PREFIX = re.compile(r"(?m)^\[(?:rank|default)\d*\]: ?")  # torchrun's per-line prefix
+LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
+GRAD_NORM = re.compile(r"step:\s*(\d+)\s+loss:\s*\S+\s+grad_norm:\s*(\S+)")
+TRACEBACK = "Traceback (most recent call last):"
+CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
+ERRORISH = re.compile(r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed)")
+
+COMPILE_FRAMES = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "torch/_higher_order_ops/",
+                  "torch/fx/experimental/", "torch/_export/", "graph_pp/partition",
+                  "graph_trainer/compile", "graph_trainer/passes", "graph_trainer/jit_backend")
+COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "InductorError", "BackendCompilerFailed",
+                 "torch.fx.experimental.symbolic_shapes")
+# frames every eager call through a `torch._disable_dynamo` wrapper (e.g. checkpoint) shows
+DISABLE_WRAPPERS = ("torch/_dynamo/eval_frame.py", "torch/_compile.py")
+CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", "configs.py\", line",
+                 "validate_config")
+CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is not a valid")
+
+# what a native crash prints before the signal (the first one names the cause): C++ terminate, glibc's heap
+# checks ("malloc(): unaligned tcache chunk detected", "free(): invalid pointer"), assertions
+CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$"
+                        r"|^(?:malloc|free|realloc|calloc|munmap_chunk|malloc_consolidate|tcache_thread_shutdown"
+                        r"|_int_\w+)\(\): .*$")
+FAULTHANDLER = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
+# the typed fields of a result: a word outside its vocabulary is an error where it is set, not a wrong report
+TYPED = {"status": Status, "failure_class": FailureClass, "mutation": Mutation}
+
+
+@dataclass
+class CellResult:
+    id: str
+    axes: dict
+    status: Status = Status.PASSED  # the pytest outcome
+    failure_class: FailureClass | None = None
+    losses: dict = field(default_factory=dict)  # step -> loss (float; NaN allowed)
+    grad_norms: dict = field(default_factory=dict)  # step -> the logged total gradient norm
+    error_line: str | None = None
+    error_text: str | None = None  # the whole exception message (for signatures)
+    failing_rank: int | None = None
+    exit_codes: dict = field(default_factory=dict)
+    stuck_ranks: list = field(default_factory=list)
+    wall: float = 0.0
+    log_dir: str = ""
+    rank_logs: dict = field(default_factory=dict)
+    reproducer: str = ""
+    world: int = 0
+    launcher: str = ""  # the launcher that ran it: torchrun, local, fork, slurm, or a plugin's
+    details: list = field(default_factory=list)  # extra lines for the failure report
+    signature: str = ""  # normalised error signature (see verdict.signature)
+    known_failure: str | None = None  # id of the known-failures entry that judged the cell
+    known_failure_link: str | None = None
+    verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
+    flaky: bool = False
+    numerics: dict | None = None  # the comparison with the baseline (see numerics.compare)
+    trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
+    plot: str | None = None  # loss-curve PNG of a numerics failure
+    evidence: list = field(default_factory=list)  # evidence.Evidence records: the label took effect
+    invariants: dict | None = None  # invariants.Invariants record: the optimizer steps' exact invariants
+    reused_from: str | None = None  # a baseline kept from an earlier run (reuse.py): its folder
+    mutant: str | None = None  # the mutation tier: the bug this run re-injected
+    mutation: Mutation | None = None  # ... killed, survived, or inconclusive (the mutant changed nothing)
+    killed_by: str | None = None  # ... the check that caught it: exit (<class>), evidence, loss, grad_norm, ...
+
+    def fail(self, failure_class, line, rank=None, text=None):
+        self.status, self.failure_class, self.error_line, self.failing_rank = Status.FAILED, failure_class, line, rank
+        self.error_text = text or line
+
+    def __setattr__(self, name, value):
+        kind = TYPED.get(name)
+        super().__setattr__(name, kind.of(value) if kind else value)
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "CellResult":
+        """The inverse of ``record`` (a stored or reported record back to a result; extra keys dropped)."""
+        names = {f.name for f in fields(cls)}
+        out = cls(**{k: v for k, v in rec.items() if k in names})
+        out.losses = {int(k): (math.nan if v is None else v) for k, v in out.losses.items()}
+        out.grad_norms = {int(k): (math.nan if v is None else v) for k, v in out.grad_norms.items()}
+        return out
+
+    def record(self):
+        """Plain JSON data (pytest-xdist's channel carries nothing else): enums as their words."""
+        d = asdict(self)
+        d.update({k: None if d[k] is None else str(d[k]) for k in TYPED})
+        d["losses"] = {str(k): (None if v is None or math.isnan(v) else v) for k, v in self.losses.items()}
+        d["grad_norms"] = {str(k): (None if math.isnan(v) else v) for k, v in self.grad_norms.items()}
+        d["nan_steps"] = [k for k, v in self.losses.items() if v is not None and math.isnan(v)]
+        d["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
+        d["rank_logs"] = {str(k): [str(p) for p in v] for k, v in self.rank_logs.items()}
+        return d
+
+
+def read_text(paths):
+    parts = []
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                parts.append(f.read().decode(errors="replace"))
+        except OSError:
+            pass
+    return RANK_PREFIX.sub("", ANSI.sub("", "\n".join(parts)))
+
+
+def parse_losses(text, pattern=LOSS):
+    losses = {}
+    for m in pattern.finditer(text):
+        try:
+            losses.setdefault(int(m.group(1)), float(m.group(2).rstrip(",")))
+        except ValueError:
+            continue
+    return losses
+
+
+NO_LOSS = -1.0  # what torchtitan 0.2 logs as the loss of a rank that holds none (PP stages before the last)
+
+
+def cell_losses(texts: dict) -> tuple[dict, dict]:
+    """(losses, grad norms) of the first rank (by number) that logged real losses; ({}, {}) when none did."""
+    for rank in sorted(texts):
+        losses = parse_losses(texts[rank])
+        if losses and not all(v == NO_LOSS for v in losses.values()):
+            return losses, parse_losses(texts[rank], GRAD_NORM)
+    return {}, {}
+
+
+def last_exception(text):
+    """(exception line, whole message, frames text) of the last traceback in a log, or None."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().endswith(TRACEBACK)]
+    if not starts:
+        return None
+    i = starts[-1] + 1
+    frames = []
+    while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
+        frames.append(lines[i])
+        i += 1
+    if i >= len(lines):
+        return None
+    first = lines[i].strip()
+    message = [first]
+    # dynamo's messages have sections, one or two blank lines apart (torch 2.10), then a closing hint
+    sections = first.startswith("torch._dynamo.exc.")
+    blanks = 0
+    for line in lines[i + 1:i + 80]:
+        stripped = line.strip()
+        blanks = blanks + 1 if not stripped else 0
+        if ((blanks and not sections) or blanks > 2 or stripped.startswith("Set TORCHDYNAMO_VERBOSE")
+                or (not sections and not line.startswith((" ", "\t")))  # another process's output
+                or stripped.startswith(("[titan]", "[rank", TRACEBACK)) or stripped.startswith(CHAIN_MARKERS)
+                or re.match(r"^\[?[A-Z]\d{4} ", stripped)):
+            break
+        message.append(line.rstrip())
+    while message and not message[-1].strip():
+        message.pop()
+    # all frames of the log's tracebacks help classification (chained exceptions)
+    all_frames = "\n".join(line for line in lines if line.startswith("  File "))
+    return first, "\n".join(message), all_frames
+
+
+def fallback_error(text):
+    """The last error-looking line of a log without a traceback, else what it printed last."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ERRORISH.search(line) and not line.startswith("[titan]"):
+            return line
+    return f"no error message; last line: {lines[-1]}" if lines else None
+
+
+def classify(error_line, frames, exit_code):
+    if exit_code is not None and exit_code < 0 and exit_code != -signal.SIGTERM:
+        return "crash"
+    text = error_line or ""
+    if any(t in text for t in CONFIG_TEXT) or any(f in frames for f in CONFIG_FRAMES):
+        return "invalid_config"
+    compile_frames = [line for line in frames.splitlines() if any(f in line for f in COMPILE_FRAMES)
+                      and not any(w in line for w in DISABLE_WRAPPERS)]
+    if text.startswith(COMPILE_TYPES) or compile_frames:
+        return "compile"
+    return "runtime"
+
+
+def crash_site(text, frames=3):
+    """Where Python was when the rank died, from faulthandler's dump: the innermost frames of the current thread
+    (else of the thread that was not idle in threading.py), files cut to their package path."""
+    starts = [m.start() for m in FAULTHANDLER.finditer(text)]
+    blocks = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+    if not blocks:
+        return ""
+    block = next((b for b in blocks if b.startswith("Current thread")), None) or next(
+        (b for b in blocks if "threading.py" not in b.split("\n", 2)[1]), blocks[-1])
+    found = [FRAME.match(line) for line in block.splitlines()[1:]]
+    found = [m for m in found if m][:frames]
+    return " <- ".join(f"{_package_path(m['file'])}:{m['line']} {m['func']}" for m in found)
+
+
+def _package_path(path):
+    """site-packages/torchtitan/train.py -> torchtitan/train.py; other paths keep their last two parts."""
+    parts = path.split("site-packages/", 1)
+    return parts[1] if len(parts) == 2 else "/".join(path.split("/")[-2:])
+
+
+def signal_name(code):
+    try:
+        return signal.Signals(-code).name
+    except (ValueError, TypeError):
+        return f"signal {-code}"
+
+
+def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> CellResult:
+    """The result of a launch: losses and grad norms from the rank logs, and the first failure that
+    explains the outcome (a launch error, a hang, a flood, a failing rank, the launcher, missing steps)."""
+    res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
+                     log_dir=str(log_dir), rank_logs=outcome.rank_logs, reproducer=outcome.reproducer,
+                     launcher=outcome.launcher,
+                     exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks), mutant=cell.mutant)
+    res.details.extend(outcome.notes)
+    texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
+    res.losses, res.grad_norms = cell_losses(texts)
+    failure = _stopped(outcome, texts, res) or _rank_failure(outcome, texts) or (
+        trains and _no_steps(res, expected_steps))  # (a step before the cell, e.g. precompile, trains nothing)
+    if failure:
+        res.fail(*failure)
+    if outcome.timed_out and outcome.first_failed_rank is not None:
+        res.details.append(f"ranks {outcome.stuck_ranks} were still running at the timeout and were killed")
+    if res.status == Status.FAILED and PORT_TAKEN.search(res.error_text or ""):
+        res.failure_class = FailureClass.INFRA
+        res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"
+    if outcome.survivors and res.status == Status.PASSED:
+        res.fail(FailureClass.INFRA, f"{len(outcome.survivors)} process(es) outlived the cell and were killed: "
+                                     f"{'; '.join(outcome.survivors[:3])}")
+    elif outcome.survivors:
+        res.details.append(f"killed {len(outcome.survivors)} leftover process(es) of the cell")
+    return res
+
+
+def _stopped(outcome, texts, res):
+    """The cell never ran to its end: it could not start, hung past its timeout, or flooded its logs."""
+    if outcome.launch_error:
+        return FailureClass.INFRA, outcome.launch_error
+    if outcome.timed_out and outcome.first_failed_rank is None:  # a rank that failed first is the cause
+        ranks = ", ".join(map(str, outcome.stuck_ranks)) or "unknown"
+        dumped = [r for r in outcome.stuck_ranks if FAULTHANDLER.search(texts.get(r, ""))]
+        silent = [r for r in outcome.stuck_ranks if r not in dumped]
+        res.details.append(f"Python stacks (SIGUSR1, faulthandler) are in the logs of ranks {dumped or 'none'}"
+                           + (f"; ranks {silent} left none (SIGUSR1 ignored or blocked, or no Python)" if silent else ""))
+        return (FailureClass.HANG, f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}",
+                outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
+    if outcome.log_flood:
+        cut = sorted(r for r, paths in outcome.rank_logs.items() if set(map(str, paths)) & set(outcome.cut_logs))
+        return (FailureClass.RUNTIME, f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell "
+                                      f"was stopped and its logs were cut (ranks that wrote past it: "
+                                      f"{', '.join(map(str, cut)) or 'none: the launcher itself'})", cut[0] if cut else None)
+    return None
+
+
+def _rank_failure(outcome, texts):
+    """The first failing rank's exception, signal or exit code; else the launcher's own failure."""
+    failed = outcome.first_failed_rank
+    if failed is None:
+        failed = next((r for r, c in outcome.exit_codes.items() if c not in (0, None)), None)
+    if failed is not None and failed in texts:
+        code, text = outcome.exit_codes.get(failed), texts[failed]
+        exc = last_exception(text)
+        if code is not None and code < 0 and code != -signal.SIGTERM:
+            hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(text)), None)
+            line = f"rank {failed} killed by {signal_name(code)}" + (f": {hint}" if hint else "")
+            site = crash_site(text)
+            return FailureClass.CRASH, line, failed, line + (f"\nPython was in (faulthandler): {site}" if site else "")
+        if exc:
+            return classify(exc[0], exc[2], code), exc[0], failed, exc[1]
+        line = fallback_error(text) or f"rank {failed} exited with code {code}"
+        return classify(line, "", code), line if code is None else f"exit code {code}: {line}", failed, line
+    if outcome.launcher_exit not in (0, None) or failed is not None:
+        text = read_text([outcome.launcher_log]) if outcome.launcher_log else ""
+        code = outcome.exit_codes.get(failed, outcome.launcher_exit)
+        return FailureClass.INFRA, fallback_error(text) or f"launcher exited with code {code}"
+    return None
+
+
+def _no_steps(res, expected_steps):
+    """Every rank exited 0: still no pass without the training steps (whatever the settings say)."""
+    if expected_steps and len(res.losses) < expected_steps:
+        return FailureClass.NO_RESULT, f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps logged a loss"
+    if not res.losses:
+        return (FailureClass.NO_RESULT, "every rank exited 0 but no step logged a loss (and the matrix sets no "
+                                        "settings.steps)")
+    return None
+

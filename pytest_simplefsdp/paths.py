@@ -1,0 +1,33 @@
+"""Where the plugin's own files are: the shipped profiles, known failures, start-up shim, config modules and
+asset generators. A wheel carries them inside the package (``pytest_simplefsdp/_data``, mapped there from the
+repository's top-level ``matrix/``, ``fixtures/`` and ``known_failures.yaml`` by the build: one copy in the
+repository); a source checkout (an editable install) reads them where they are. Nothing is ever written here:
+outputs go under the rootdir a run starts in."""
+
+from __future__ import annotations
+
+import os
+from importlib.resources import files
+from pathlib import Path
+
+PACKAGE = Path(str(files(__package__)))
+_PACKAGED = PACKAGE / "_data"
+DATA = _PACKAGED if _PACKAGED.is_dir() else PACKAGE.parent  # (a source checkout: the repository's root)
+
+MATRIX_DIR = DATA / "matrix"  # the shipped profiles
+KNOWN_FAILURES = DATA / "known_failures.yaml"  # the shipped known failures
+FIXTURES = DATA / "fixtures"  # config modules (titan03_configs), the 0.2 job TOML, the asset generator
+SHIM_DIR = FIXTURES / "cpu_shim"  # sitecustomize.py: first on every rank's PYTHONPATH
+
+
+def probe_folder(log_dir) -> Path:
+    """Where a cell's ranks write their probe records ($SIMPLEFSDP_EVIDENCE_DIR): evidence, per-parameter norms,
+    invariants, the running-rank markers."""
+    return Path(log_dir) / "evidence"
+
+
+def cache_root() -> Path:
+    """The per-user cache (option tables, the known-failures check): every entry is keyed by what it depends on,
+    so every run and rootdir may share it."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pytest-simplefsdp"

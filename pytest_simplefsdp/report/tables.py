@@ -1,0 +1,184 @@
+"""Step 7: the composability table in the terminal, rendered from a run's records alone: one grid per matrix
+(rows are layouts, columns compile x backend x memory policy), its footnotes, the mutation tier's table."""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+from tabulate import tabulate
+
+from ..judge.known import signature
+
+SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
+           "dropped": "n/a"}
+NOT_RUN = "·"  # a valid cell this run did not select; a blank is a combination the matrix's `exclude` removed
+STATUS_MD = {"passed": "✅", "failed": "❌", "xfailed": "🚧", "xpassed": "⚠️", "skipped": "⏭️", "dropped": "➖"}
+GRID_KEY = f"{NOT_RUN} valid, not run this time · blank: not in the profile (its `exclude`)"
+TRACE_NOTE = ("TRACE TIER: each cell ran as ONE simulated rank on a CPU machine (fake process group): config, "
+              "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run")
+
+
+def cell_text(rec, markdown=False):
+    status = rec.get("status", "dropped")
+    text = SYMBOLS.get(status, status)
+    if rec.get("flaky"):
+        text = "flaky " + ("pass" if status == "passed" else "fail")
+    if status == "failed" and rec.get("failure_class"):
+        text += f" {rec['failure_class']}"
+    if rec.get("numerics") and status == "passed":
+        text += " ≡" if rec["numerics"]["max_abs_diff"] == 0 else " ≈"
+    if rec.get("wall") and status not in ("dropped", "skipped"):
+        text += f" {rec['wall']:.0f}s"
+    if markdown and status == "failed":
+        text = f"**{text}**"
+    return text
+
+
+def grid(run, markdown=False, symbols=True):
+    """(headers, rows) of one matrix: rows are layouts, columns compile × memory policy.
+
+    ``symbols=False``: the records' ``status`` is already the text to show."""
+    cells = run["cells"]
+    rows, cols = OrderedDict(), OrderedDict()
+    for rec in cells:  # only rows and columns with at least one run cell are shown
+        rows.setdefault(rec["row"], {})
+        cols.setdefault(rec["column"], None)
+    order = {c: i for i, c in enumerate(run.get("meta", {}).get("columns", []))}  # the matrix's column order
+    cols = OrderedDict((c, None) for c in sorted(cols, key=lambda c: order.get(c, len(order))))
+    for rec in run["dropped"]:
+        if rec["row"] in rows and rec["column"] in cols:
+            rows[rec["row"]].setdefault(rec["column"], "n/a" if symbols else STATUS_MD["dropped"])
+    for place in run.get("valid", run.get("meta", {}).get("valid", [])):
+        if place["row"] in rows and place["column"] in cols:
+            rows[place["row"]].setdefault(place["column"], NOT_RUN)
+    for rec in cells:
+        rows[rec["row"]][rec["column"]] = cell_text(rec, markdown) if symbols else rec["status"]
+    headers = ["layout", *cols]
+    body = [[row, *(entries.get(c, "") for c in cols)] for row, entries in rows.items()]
+    return headers, body
+
+
+def footnotes(run):
+    lines = []
+    for rec in run["cells"]:
+        if rec.get("status") in ("failed", "xfailed", "xpassed"):
+            rank = f", rank {rec['failing_rank']}" if rec.get("failing_rank") is not None else ""
+            cls = f" {rec['failure_class']}" if rec.get("failure_class") else ""
+            if rec["status"] == "xpassed" or not rec.get("failure_class"):
+                lines.append(f"{rec['id']}: [{rec['status']}] {rec.get('verdict', '')}")
+            else:
+                known = f" known failure {rec['known_failure']} {rec.get('known_failure_link')}" \
+                    if rec.get("known_failure") else ""
+                lines.append(f"{rec['id']}: [{rec['status']}{cls}{rank}]{known} {rec.get('error_line') or ''}")
+                if not rec.get("known_failure"):  # what a new known-failures entry's `error` would match
+                    lines.append(f"    signature: {rec_signature(rec)[:300]}")
+            lines.append(f"    logs: {rec.get('log_dir', '')}")
+        if rec.get("plot"):
+            lines.append(f"    loss and grad-norm curves: {rec['plot']}")
+    compared = [rec for rec in run["cells"] if rec.get("numerics")]
+    if compared:
+        lines.append("numerics (≡ bitwise equal to the baseline, ≈ within the lane's tolerance):")
+        for rec in compared:
+            n = rec["numerics"]
+            lines.append(f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
+                         f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}{_params_note(n)}")
+    shown = [rec for rec in run["cells"] if rec.get("evidence")]
+    if shown:
+        lines.append("evidence (the run shows its label: checks that hold / checks, labels checked):")
+        for rec in shown:
+            held = sum(1 for e in rec["evidence"] if e["ok"])
+            labels = ", ".join(dict.fromkeys(e["axis"] for e in rec["evidence"]))
+            lines.append(f"    {rec['id']}: {held}/{len(rec['evidence'])} ({labels})")
+    by_rule = Counter(rec["rule"] for rec in run["dropped"])
+    if by_rule:
+        lines.append(f"n/a: {sum(by_rule.values())} cells dropped by rule: "
+                     + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common()))
+    return lines
+
+
+def _params_note(numerics):
+    """The per-parameter comparison in a few words (numerics.compare_params)."""
+    params = numerics.get("params")
+    if isinstance(params, str):
+        return f"; per parameter: {params}"
+    if not params:
+        return ""
+    grads = params["max_rel_diff"].get("grad_norm", {})
+    judged = [v for step, v in grads.items() if int(step) <= params["grad_steps"]]
+    first = params["first_difference"]
+    differs = f"{first['param']} ({first['kind']}, step {first['step']})" if first else "none"
+    return (f"; per parameter: {params['checked']} compared (steps <= {params['grad_steps']}), grad max rel "
+            f"{max(judged, default=0.0):.3g}, first difference {differs}")
+
+
+def summary_counts(run):
+    counts = Counter(rec.get("status") for rec in run["cells"])
+    ran = ", ".join(f"{n} {status}" for status, n in counts.most_common()) or "none"
+    valid = run["meta"].get("cells", len(run["cells"]))
+    return f"{len(run['cells'])} of {valid} valid cells run ({ran}); {len(run['dropped'])} combinations n/a"
+
+
+def render_text(doc):
+    out = []
+    for run in doc["runs"]:
+        meta = run["meta"]
+        counts = mutation_score(run) if run.get("mutants") and not run["cells"] else summary_counts(run)
+        out.append(f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
+                   f"target {meta.get('target', '?')}, launcher {meta.get('launcher', '?')}): {counts}")
+        if meta.get("tier") == "trace":
+            out.append(TRACE_NOTE)
+        if run["cells"]:
+            headers, body = grid(run)
+            out.append(tabulate(body, headers=headers, tablefmt="simple"))
+            if any(v in ("", NOT_RUN) for row in body for v in row[1:]):
+                out.append(GRID_KEY)
+        if run.get("mutants"):
+            out.append(tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="simple"))
+        out.extend(footnotes(run))
+        out.append("")
+    return "\n".join(out)
+
+
+MUTATION_HEADERS = ("mutant", "cell", "verdict", "killed by", "first failing check")
+
+
+def mutation_score(run):
+    killed = sum(1 for m in run["mutants"] if m.get("mutation") == "killed")
+    return f"mutation tier: {killed} of {len(run['mutants'])} mutant runs killed"
+
+
+def mutation_rows(run, width=110):
+    """One row per mutated run; the cell id without its mutant suffix."""
+    rows = []
+    for m in run["mutants"]:
+        cell = m["id"].rsplit("[mutant-", 1)[0]
+        verdict = m.get("mutation") or "?"
+        line = m.get("error_line") or ""
+        rows.append((m["mutant"], cell, verdict, m.get("killed_by") or "-",
+                     line if len(line) <= width else line[:width - 3] + "..."))
+    return rows
+
+
+def where_line(meta):
+    """Host, GPUs and source revisions of the run, where its meta record has them."""
+    parts = [f"host {meta['host']}"] if meta.get("host") else []
+    if "gpus" in meta:
+        parts.append(f"GPUs: {', '.join(meta['gpus']) or 'none'}")
+    parts.extend(f"{k} rev {v[:12]}" for k, v in (meta.get("revisions") or {}).items())
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def broken(rec):
+    """Whether a stored cell's run failed (a known failure too); None where it did not run. A known failure
+    that passed is not broken, whether the gate made it a failure (no failure class) or an XPASS."""
+    status = rec.get("status")
+    if status in ("skipped", "dropped", None):
+        return None
+    if status == "failed":
+        return bool(rec.get("failure_class")) or not rec.get("known_failure")
+    return status == "xfailed"
+
+
+def rec_signature(rec):
+    """A stored record's failure signature (older records may lack it: made from its error text)."""
+    return rec.get("signature") or signature(rec.get("error_text") or rec.get("error_line"))

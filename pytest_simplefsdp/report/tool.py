@@ -1,0 +1,101 @@
+"""The report tool: a stored run rendered again, judged again against a known-failures file, compared with an
+older run (``python -m pytest_simplefsdp.report RUN.json[l] [--format text|md|json]``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..judge.known import load_known_failures
+from ..judge.verdict import rejudge
+from ..paths import KNOWN_FAILURES, MATRIX_DIR
+from ..spec.matrix import load_matrix
+from ..spec.upstream import UPSTREAM_AXES
+from ..store.runs import RunError, load_run
+from ..yamlio import MatrixError
+from . import page
+from .compare import change_lines, compare_runs
+from .markdown import render_md
+from .tables import render_text
+
+
+def known_for(path, doc):
+    """A known-failures file loaded to re-judge a stored run: conditions may name the run's axes, the shipped
+    profiles' axes and upstream's (an entry for another matrix simply matches nothing here)."""
+    names = set(UPSTREAM_AXES) | {a for run in doc["runs"] for rec in run["cells"] + run["dropped"] for a in rec["axes"]}
+    for p in MATRIX_DIR.glob("*.yaml"):
+        try:
+            names |= set(load_matrix(p).axes)
+        except MatrixError:
+            pass  # an upstream-sourced profile whose torchtitan is not installed here
+    return load_known_failures(path, names)
+
+
+def rejudged(doc, known, gate=False):
+    """The run with every cell judged again against ``known`` (verdict.rejudge), the environment read from each
+    matrix's meta record."""
+    runs = []
+    for run in doc["runs"]:
+        meta = run["meta"]
+        v = meta.get("versions") or {}
+        env = {"profile": meta.get("profile"), "target": meta.get("target"), "device": meta.get("device"),
+               "tier": meta.get("tier", "real"), "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
+        runs.append({**run, "cells": [rejudge(rec, known, env, gate) for rec in run["cells"]]})
+    return {**doc, "runs": runs}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_simplefsdp.report",
+        description="Render a stored simplefsdp run (JSON or JSON lines), judged again against a known-failures "
+                    "file, optionally compared with an older run.")
+    parser.add_argument("run", help="a --simplefsdp-json document or a run's results.jsonl")
+    parser.add_argument("--format", choices=("text", "md", "json"), default="text",
+                        help="text (the terminal table), md (the status markdown), json (the run document)")
+    parser.add_argument("--known-failures", metavar="YAML", type=Path, default=None,
+                        help=f"re-judge every cell against this file (default: the shipped {KNOWN_FAILURES.name})")
+    parser.add_argument("--as-stored", action="store_true",
+                        help="show the verdicts the run stored, without judging again")
+    parser.add_argument("--gate", action="store_true", help="judge as --simplefsdp-gate does (XPASS fails)")
+    parser.add_argument("--compare", metavar="OLD", type=Path,
+                        help="an older stored run: list newly broken, newly fixed and changed-signature cells "
+                             "(matched by profile and cell id) and mark them in the tables")
+    parser.add_argument("--html", metavar="DIR", type=Path,
+                        help="also write the run as a static HTML page (DIR/index.html)")
+    args = parser.parse_args(argv)
+    if args.as_stored and (args.known_failures or args.gate):
+        parser.error("--as-stored shows the stored verdicts: it takes no --known-failures or --gate")
+    doc = _load(parser, args.run)
+    old = _load(parser, args.compare) if args.compare else None
+    if not args.as_stored:
+        path = args.known_failures or KNOWN_FAILURES
+        try:
+            doc = rejudged(doc, known_for(path, doc), args.gate)
+        except OSError as e:
+            parser.error(f"--known-failures: {path}: {e.strerror}")
+        except MatrixError as e:
+            raise SystemExit(f"--known-failures: {e}") from None
+        print(f"re-judged against {path}", file=sys.stderr)
+    if old is not None:
+        doc["comparison"] = compare_runs(old, doc)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:  # byte for byte what --simplefsdp-status-md wrote for the same run and known failures
+        sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc) + "\n")
+    if old is not None and args.format == "text":
+        sys.stdout.write(f"changes since {args.compare}:\n")
+        sys.stdout.writelines(f"  {line}\n" for line, _ in change_lines(doc["comparison"]))
+    if args.html:
+        print(f"html: {page.write(doc, args.html)}", file=sys.stderr)
+    return 0
+
+
+def _load(parser, path):
+    try:
+        return load_run(path)
+    except OSError as e:
+        parser.error(f"{path}: {e.strerror}")
+    except RunError as e:
+        raise SystemExit(str(e)) from None

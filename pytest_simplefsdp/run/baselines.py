@@ -1,0 +1,253 @@
+"""Step 6, the numerics step's book: the seed checkpoint each model's cells start from, the baseline each
+cell is compared with (run once per session, taken from a cell that already ran, or read from a stored
+run), and the comparison itself (losses per step, then per-parameter gradient and parameter norms). Seed
+checkpoints and baseline jobs are kept across runs by content key (reuse.py).
+
+What cannot be had is an ``Unavailable`` with its reason, never a bare string."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ..judge.invariants import stats_of as update_stats
+from ..judge.numerics import compare, compare_params, lane_for, mismatch_line, param_line, read_param_stats
+from ..judge.results import CellResult
+from ..kinds import FailureClass, RecordType, Status
+from ..paths import probe_folder
+from ..plots import plot
+from ..spec.cells import Cell, cell_id, value_id, world_size
+from ..store.reuse import ReuseStore, content_key
+from ..store.runs import RunError, load_run
+
+
+@dataclass(frozen=True)
+class SeedJob:
+    """The one-rank job that writes a model's seed checkpoint, into its kept folder (reuse.py)."""
+
+    model: str
+    name: str  # seed-<model>
+    key: str  # content key of its command
+    folder: Path  # .simplefsdp/reuse/<name>-<key>; the checkpoint is folder/checkpoint/step-0
+    command: object  # targets.RankCommand
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A seed checkpoint or baseline that could not be had, and why (the cell's numerics failure line)."""
+
+    reason: str
+
+
+def param_stats(log_dir) -> dict:
+    """Every per-parameter record of a run: the gradient probe's norms and checksums, and the update norms of its
+    optimizer steps (judge.invariants)."""
+    return {**read_param_stats(probe_folder(log_dir)), **update_stats(log_dir)}
+
+
+def axes_key(axes):
+    return tuple(sorted(axes.items()))
+
+
+def load_stored(path):
+    """(profile, axes key) -> record of every usable baseline or cell of a stored run (--simplefsdp-baseline)."""
+    if not path:
+        return {}
+    try:
+        doc = load_run(path)
+    except (OSError, RunError) as e:
+        raise pytest.UsageError(f"--simplefsdp-baseline: {path}: {e}") from None
+    stored = {}
+    for run in doc.get("runs", []):
+        for rec in run.get("baselines", []) + run.get("cells", []):
+            if rec.get("status") in ("passed", "xpassed") or rec.get("failure_class") is None:
+                stored[(run["meta"].get("profile"), axes_key(rec["axes"]))] = rec
+    return stored
+
+
+class Book:
+    def __init__(self, runner, store, run_dir: Path, cache_dir: Path, stored_path=None, fresh=False):
+        self.runner, self.store, self.run_dir = runner, store, run_dir
+        self.stored = load_stored(stored_path)
+        self.cache_dir = Path(cache_dir)  # .simplefsdp: the plugin's own files (keyed by what made them)
+        self.kept = ReuseStore(self.cache_dir / "reuse", fresh)  # seeds and baseline jobs of earlier runs
+        self.lock = threading.RLock()  # cells may run in threads; each seed and baseline is made once
+        self.seeds = {}  # (run name, model) -> Path | Unavailable
+        self.seed_jobs = {}  # (run name, model) -> SeedJob | None: its key hashes files, so once per model
+        self.seed_records = {}  # run name -> [{model, folder, kept}] of the seeds this process used
+        self.baselines = {}  # (run name, axes key) -> CellResult | Unavailable
+        self.passed = {}  # (run name, axes key) -> CellResult of a cell of this process that passed
+
+    def note(self, run, result):
+        """A cell this process ran: a later cell whose baseline it is need not run it again."""
+        if result.failure_class is None and not result.mutant:
+            self.passed.setdefault((run.name, axes_key(result.axes)), result)
+
+    def reused(self, run, cell) -> CellResult | None:
+        """The cell's result when it already ran as another cell's baseline."""
+        done = None if cell.mutant else self.baselines.get((run.name, axes_key(cell.axes)))
+        if isinstance(done, CellResult) and not done.reused_from:  # a cell of the matrix runs in every run
+            return dataclasses.replace(done, id=cell.id, details=[f"same cell as baseline {done.id}"])
+        return None
+
+    # --- seed checkpoints ---------------------------------------------------------------------------
+
+    def seed_job(self, run, cell) -> SeedJob | None:
+        """The seed job the cell starts from; None where numerics need none."""
+        if not run.matrix.numerics or "model" not in cell.axes:
+            return None
+        model = cell.axes["model"]
+        if (run.name, model) not in self.seed_jobs:
+            command = run.target.seed_command(model, Path("@seed"))
+            job = None
+            if command is not None:
+                name, key = f"seed-{model}", content_key(command, self.cache_dir)
+                folder = self.kept.folder(name, key)
+                job = SeedJob(model, name, key, folder, run.target.seed_command(model, folder))
+            self.seed_jobs[(run.name, model)] = job
+        return self.seed_jobs[(run.name, model)]
+
+    def seed_for(self, run, cell) -> Path | Unavailable | None:
+        """The seed checkpoint of the cell's model: kept from an earlier run, else made once per run (and kept)."""
+        job = self.seed_job(run, cell)
+        if job is None:
+            return None
+        with self.lock:
+            key = (run.name, job.model)
+            if key not in self.seeds:
+                self.seeds[key] = self._make_seed(run, job)
+            return self.seeds[key]
+
+    def _make_seed(self, run, job):
+        kept = self.kept.kept(job.name, job.key) is not None
+        if not kept:
+            scratch = self.kept.scratch(job.name)
+            failed = self.runner.run_seed(run, job.model, run.target.seed_command(job.model, scratch), scratch)
+            if failed is not None:
+                return self._failed_seed(run, job, scratch, failed)
+            self.kept.keep(scratch, job.name, job.key, {"model": job.model, "profile": run.matrix.profile})
+        self.seed_records.setdefault(run.name, []).append(
+            {"model": job.model, "folder": str(job.folder), "kept_from_earlier_run": kept})
+        return job.folder
+
+    def _failed_seed(self, run, job, scratch, failed):
+        logs = self.run_dir / value_id(run.matrix.profile) / job.name  # a failed seed's logs: in the run
+        logs.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(logs, ignore_errors=True)
+        scratch.rename(logs)
+        return Unavailable(f"seed checkpoint for {job.model} failed: {failed.error_line} (logs: {logs})")
+
+    # --- baselines ----------------------------------------------------------------------------------
+
+    def baseline_for(self, run, cell, result) -> CellResult | Unavailable:
+        base_axes = run.target.baseline_axes(cell.axes)
+        key = (run.name, axes_key(base_axes))
+        if base_axes == cell.axes and not cell.mutant:  # a mutated run is compared with the cell unmutated
+            self.baselines[key] = result
+            return result
+        stored = self.stored.get((run.matrix.profile, axes_key(base_axes)))
+        if stored is not None:
+            return self._from_stored(run, stored)
+        with self.lock:
+            if key not in self.baselines:
+                self.baselines[key] = self._run_baseline(run, base_axes, key)
+            return self.baselines[key]
+
+    @staticmethod
+    def _from_stored(run, stored):
+        losses = {int(k): (math.nan if v is None else v) for k, v in stored["losses"].items()}
+        want = run.matrix.settings.get("steps")
+        if want and len(losses) != want:
+            return Unavailable(f"stored baseline {stored['id']} has {len(losses)} steps, this run trains {want}")
+        return CellResult(stored["id"], stored["axes"], losses=losses, log_dir=stored.get("log_dir", ""))
+
+    def baseline_cell(self, run, cell) -> Cell | None:
+        """The baseline job a cell is compared with, where it is another cell and no stored run gives it."""
+        if not run.matrix.numerics or lane_for(run.matrix.numerics.lanes, cell.axes) is None:
+            return None
+        base_axes = run.target.baseline_axes(cell.axes)
+        if base_axes == cell.axes or (run.matrix.profile, axes_key(base_axes)) in self.stored:
+            return None
+        return self._base_cell(run, base_axes)
+
+    @staticmethod
+    def _base_cell(run, base_axes):
+        return Cell("baseline-" + cell_id(run.matrix, base_axes), base_axes, world_size(run.matrix, base_axes))
+
+    def baseline_key(self, run, cell, seed):
+        """The content key of a baseline job (its command with placeholder folders; the seed's folder names
+        the seed's own key)."""
+        command = run.target.command(cell, dump_folder=Path("@cell") / "dump", nproc=cell.world, port=0,
+                                     seed_folder=seed, run=0)
+        return content_key(command, self.cache_dir)
+
+    def _run_baseline(self, run, base_axes, key):
+        done = self.passed.get(key)
+        if done is None:
+            cell = self._base_cell(run, base_axes)
+            seed = self.seed_for(run, cell)
+            if isinstance(seed, Unavailable):
+                return Unavailable(f"baseline {cell.id} has no seed: {seed.reason}")
+            digest = self.baseline_key(run, cell, seed)
+            kept = self.kept.kept(cell.id, digest)
+            if kept is not None:
+                done = CellResult.from_record(self.kept.about(kept)["record"])
+                done.log_dir, done.reused_from = str(kept), str(kept)
+                done.details = ["numerics baseline", f"kept from an earlier run ({kept}; --simplefsdp-fresh runs it "
+                                                     f"again)"]
+            else:
+                done = self.runner.run(run, cell, seed=seed)
+                done.details.append("numerics baseline")
+                if done.failure_class is None:
+                    self._keep_baseline(run, cell, done, digest)
+            self.store.record(run, done, kind=RecordType.BASELINE)
+        if done.failure_class is None:
+            return done
+        return Unavailable(f"baseline {done.id} failed: [{done.failure_class}] {done.error_line} (logs: {done.log_dir})")
+
+    def _keep_baseline(self, run, cell, done, digest):
+        """A copy of what a comparison reads (the record and the per-parameter probe records); the run keeps
+        its logs."""
+        scratch = self.kept.scratch(cell.id)
+        if probe_folder(done.log_dir).is_dir():
+            shutil.copytree(probe_folder(done.log_dir), probe_folder(scratch))
+        self.kept.keep(scratch, cell.id, digest, {"profile": run.matrix.profile, "record": run.record_of(done)})
+
+    # --- the comparison -----------------------------------------------------------------------------
+
+    def check(self, run, cell, result):
+        """Compare a green cell with its baseline in its numerics lane; a mismatch fails it as numerics."""
+        lane = lane_for(run.matrix.numerics.lanes, cell.axes)
+        if lane is None or result.status != Status.PASSED:
+            return
+        base = self.baseline_for(run, cell, result)
+        if isinstance(base, Unavailable):
+            return result.fail(FailureClass.NUMERICS, base.reason)
+        ok, rep = compare(result.losses, base.losses, lane)
+        rep["baseline"] = base.id
+        result.numerics = rep
+        line = None if ok else mismatch_line(rep, base.id)
+        stats = param_stats(result.log_dir)
+        if stats:  # the target's probe recorded per-parameter norms: the baseline's must be there too
+            base_stats = param_stats(base.log_dir) if base.log_dir else {}
+            if not base_stats:
+                rep["params"] = f"not compared: baseline {base.id} has no per-parameter records"
+            else:
+                params_ok, rep["params"] = compare_params(stats, base_stats, lane)
+                first = rep["params"]["first_difference"]
+                # the earlier of the two is the cause: a gradient off at step 1 moves the loss of step 2
+                if not params_ok and (ok or first["step"] <= (rep["first_differing_step"] or math.inf)):
+                    ok, line, rep["check"] = False, param_line(rep["params"], base.id), first["kind"]
+        if not ok:
+            rep.setdefault("check", "loss")
+            result.fail(FailureClass.NUMERICS, line)
+            result.plot = plot(Path(result.log_dir) / "curves_vs_baseline.png",
+                               {"loss": result.losses, "grad_norm": result.grad_norms},
+                               {"loss": base.losses, "grad_norm": base.grad_norms}, f"{cell.id} vs {base.id}")
+

@@ -1,0 +1,94 @@
+"""What a run would do, without doing it (--simplefsdp-dry-run, --simplefsdp-plan): every job in launch order with
+its exact command, or the packed schedule with expected times. ``state``: the state.state.MatrixSession,
+``selected``: its (run, cell) in collection order, ``progress``: their expected times (progress.Progress)."""
+
+from __future__ import annotations
+
+import os
+
+from ..kinds import Device
+from ..machine import cuda_device_ids
+from .progress import duration
+from .schedule import plan
+
+
+def summary(state, selected, progress, tr):
+    """Every job the run would launch, in the order it would: seed checkpoints, baselines, then the cells,
+    each with its exact command (the cells' with the seed flags they will get)."""
+    if state.settings.plan is not None:
+        return _plan(state, selected, progress, tr)
+    seeds, baselines = {}, {}
+    for run, cell in selected:
+        job = state.book.seed_job(run, cell)
+        if job:
+            seeds.setdefault((run.name, job.model), (run, job))
+        base = state.book.baseline_cell(run, cell)
+        if base is not None and not any(r is run and c.axes == base.axes for r, c in selected):
+            baselines.setdefault((run.name, base.id), (run, base, []))[2].append(cell.id)
+    if seeds:
+        tr.section("simplefsdp dry run: seed checkpoints (before the cells; kept for later runs by content key)")
+        for run, job in seeds.values():
+            spec = state.runner.seed_spec(run, job.model, job.command, job.folder, port=29500)
+            kept = state.book.kept.kept(job.name, job.key)
+            tr.write_line(f"{run.name}: {job.name}  [1 rank] -> {job.folder / 'checkpoint' / 'step-0'}"
+                          + ("  (kept from an earlier run: not run again)" if kept else ""))
+            tr.write_line(f"  {state.runner.launcher_for(run).reproducer(spec)}")
+    if baselines:
+        tr.section("simplefsdp dry run: numerics baselines (run once, before the first cell compared with them)")
+        for run, base, users in baselines.values():
+            job = state.book.seed_job(run, base)
+            kept = state.book.kept.kept(base.id, state.book.baseline_key(run, base, job.folder if job else None))
+            _job(state, tr, run, base, f"baseline of {len(users)} cells: {', '.join(users[:4])}"
+                                         f"{' ...' if len(users) > 4 else ''}"
+                                         + ("  (kept from an earlier run: not run again)" if kept else ""))
+    tr.section("simplefsdp dry run: commands")
+    for run, cell in selected:
+        _job(state, tr, run, cell)
+    for run in state.runs:
+        tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
+    if seeds:
+        tr.write_line("seed checkpoints not kept yet, and the targets' assets the commands name, are made on the "
+                      "first real run (a dry run launches and writes nothing)")
+
+
+def _plan(state, selected, progress, tr):
+    """--simplefsdp-plan: the selected cells packed as --simplefsdp-jobs=auto would pack them (GPU cells on
+    the visible or the named number of GPUs, CPU cells within the ranks budget), each with its expected time."""
+    want = state.settings.plan
+    gpus = [str(i) for i in range(want)] if isinstance(want, int) else cuda_device_ids()
+    budget = state.settings.max_ranks or os.cpu_count() or 1
+    for device in (Device.CUDA, Device.CPU):
+        items = [(r, c) for r, c in selected if r.matrix.device == device]
+        if not items:
+            continue
+        cells = [(r.key(c.id), c.world, progress.expected[r.key(c.id)]) for r, c in items]
+        on = f"{len(gpus)} GPUs" if device == Device.CUDA else f"a budget of {budget} CPU ranks"
+        tr.section(f"simplefsdp plan: {len(cells)} {device} cells on {on}")
+        rows = plan(cells, len(cells), budget, gpus if device == Device.CUDA else None)
+        for key, world, start, end, devs in rows:
+            where = f"GPUs {','.join(devs)}" if devs else f"{world} ranks"
+            when = "cannot run: more GPUs than planned for" if start is None else \
+                f"{duration(start):>8} -> {duration(end):>8}"
+            tr.write_line(f"{when}  {where:<16} {key}")
+        serial = sum(s for _, _, s in cells)
+        ends = [end for *_, end, _ in rows if end is not None]
+        tr.write_line(f"expected: {duration(max(ends, default=0))} packed (--simplefsdp-jobs=auto), "
+                      f"{duration(serial)} one cell at a time (--simplefsdp-jobs=1)")
+    stored = sum(1 for k in progress.expected if k in progress.stored)
+    tr.write_line(f"times: {stored} of {len(progress.expected)} cells from stored runs"
+                  + (f" (newest: {progress.source})" if progress.source else "")
+                  + "; the others estimated per cell size (CPU: the measured median under its launcher; GPU: 60 s)")
+
+
+def _job(state, tr, run, cell, note=""):
+    job = state.book.seed_job(run, cell)
+    spec = state.runner.spec_for(run, cell, port=29500, seed=job.folder if job else None)
+    tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]"
+                  + (f"  {note}" if note else ""))
+    for step in run.target.before_steps(cell):  # (e.g. precompile: one process, before the ranks)
+        before = state.runner.step_spec(run, cell, step, seed=job.folder if job else None, port=29500)
+        tr.write_line(f"  first, the {step} step [1 process]: {state.runner.launcher_for(run).reproducer(before)}")
+    tr.write_line(f"  {state.runner.launcher_for(run).reproducer(spec)}")
+    plan = run.target.evidence_plan(cell)
+    if plan:
+        tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")

@@ -1,0 +1,206 @@
+"""Steps 3-4 for one cell: its launch spec, its launch (once more on another port when the first lost
+its port to another process), its result, and the checks a green must pass before it counts: the
+evidence that its label took effect. Numerics against a baseline are the next step (baselines.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from ..judge import invariants
+from ..judge.numerics import untrained_step
+from ..judge.results import CellResult, build_result, read_text
+from ..kinds import FailureClass, Status, Tier
+from ..launch.builtin import LAUNCHERS
+from ..launch.procs import free_port
+from ..launch.spec import LaunchOutcome, LaunchSpec
+from ..paths import probe_folder
+from ..spec.cells import Cell, value_id
+
+DEFAULT_TIMEOUT = 900.0
+
+
+def render_trace(trace_dir: Path, out: Path):
+    """tlparse's multi-rank HTML of a TORCH_TRACE folder, where tlparse is installed."""
+    exe = shutil.which("tlparse") or shutil.which("tlparse", path=str(Path(sys.executable).parent))
+    if not exe or not any(trace_dir.iterdir()):
+        return None
+    try:
+        subprocess.run([exe, str(trace_dir), "--all-ranks-html", "-o", str(out), "--overwrite", "--no-browser"],
+                       capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    index = out / "index.html"
+    return str(index) if index.exists() else None
+
+
+class CellRunner:
+    def __init__(self, settings, launcher, run_dir: Path, max_ranks: int):
+        self.settings, self.launcher, self.run_dir, self.max_ranks = settings, launcher, run_dir, max_ranks
+        self.lock = threading.Lock()  # a target's assets are made once, whichever cell comes first
+
+    def cell_timeout(self, run):
+        return self.settings.timeout or run.matrix.timeout or DEFAULT_TIMEOUT
+
+    def launcher_for(self, run):
+        """The trace tier runs one plain process (torchrun would reset RANK); otherwise the chosen one (``auto``:
+        the one it picks for the profile's device)."""
+        if run.matrix.tier == Tier.TRACE:
+            return LAUNCHERS["local"]()
+        resolve = getattr(self.launcher, "resolve", None)
+        return resolve(run.matrix.device) if resolve else self.launcher
+
+    def cell_dir(self, run, name):
+        tier = "" if run.matrix.tier == Tier.REAL else f"-{run.matrix.tier}"
+        return self.run_dir / value_id(run.matrix.profile + tier) / name
+
+    def spec_for(self, run, cell, port=None, seed=None, later=0) -> LaunchSpec:
+        """The cell's launch; ``later``: its run number after the first (same dump folder, logs in run<N>/)."""
+        cell_dir = self.cell_dir(run, cell.id)
+        log_dir = cell_dir / f"run{later + 1}" if later else cell_dir
+        port = port or free_port()
+        command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
+                                     seed_folder=seed, run=later)
+        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(log_dir))  # where ranks record what ran
+        if cell.mutant:
+            command.env["SIMPLEFSDP_MUTANT"] = cell.mutant
+        # the trace tier: one process plays rank `trace.rank` of the cell's world
+        nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == Tier.TRACE else (cell.world, 0)
+        return LaunchSpec(cell.id, command, nproc, log_dir, self.cell_timeout(run), port,
+                          self.settings.log_limit_bytes, first_rank=first,
+                          device=run.matrix.device if run.matrix.tier == Tier.REAL else "cpu")
+
+    def prepare(self, run):
+        with self.lock:
+            if not run.prepared:
+                run.target.prepare()
+                run.prepared = True
+
+    def run(self, run, cell, devices=None, seed=None) -> CellResult:
+        """Launch the cell and read its result; a green also shows its evidence (else it fails)."""
+        self.prepare(run)
+        spec = self.spec_for(run, cell, seed=seed)
+        if devices is not None:
+            spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        launcher = self.launcher_for(run)
+        failed, steps = self._before(run, cell, seed, launcher, devices)
+        if failed is not None:
+            return failed
+        result = self._launch(run, cell, spec, launcher)
+        result.details.extend(steps)
+        if result.failure_class == FailureClass.INFRA and "is already in use" in (result.error_line or ""):
+            # another process took the free port between our check and the bind: once more, elsewhere
+            taken = result.error_line
+            shutil.rmtree(spec.log_dir)
+            spec.port = free_port()
+            result = self._launch(run, cell, spec, launcher)
+            result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
+        line = untrained_step(result) if result.status == Status.PASSED else None
+        if line:
+            result.fail(FailureClass.NUMERICS, line)
+        if result.status == Status.PASSED:
+            self._check_evidence(run, cell, spec, result)
+        if result.status == Status.PASSED and spec.command.env.get("SIMPLEFSDP_INVARIANTS") == "1":
+            self._check_invariants(spec, result)
+        if result.status == Status.PASSED and run.target.runs(cell) > 1:
+            self._later_runs(run, cell, result, devices, seed, launcher)
+        if run.matrix.numerics and result.status == Status.PASSED:
+            result.losses = run.target.losses(spec.log_dir / "dump") or result.losses
+        trace = Path(spec.command.env.get("TORCH_TRACE", spec.log_dir / "torch_trace"))
+        if result.failure_class and trace.is_dir():
+            result.trace_html = render_trace(trace, spec.log_dir / "tlparse")
+        return result
+
+    def _launch(self, run, cell, spec, launcher) -> CellResult:
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")  # reruns the cell alone
+        if run.matrix.device == "cpu" and spec.nproc > self.max_ranks and not launcher.remote:
+            outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launcher=launcher.name, launch_error=(
+                f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
+                f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
+        else:
+            outcome = launcher.launch(spec)
+        return build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
+
+    def step_spec(self, run, cell, step, seed=None, port=None) -> LaunchSpec:
+        """A step the cell's feature runs before it (e.g. precompile): one process, logs in <cell>/<step>/."""
+        cell_dir = self.cell_dir(run, cell.id)
+        command = run.target.step_command(cell, step, dump_folder=cell_dir / "dump", seed_folder=seed)
+        command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir / step))
+        return LaunchSpec(f"{cell.id}-{step}", command, 1, cell_dir / step, self.cell_timeout(run),
+                          port or free_port(), self.settings.log_limit_bytes, device=run.matrix.device)
+
+    def _before(self, run, cell, seed, launcher, devices):
+        """The cell's steps before it, in order: (the result of the first that failed, else None; a line per step
+        that passed). A failed step is the cell's result, with its logs and reproducer."""
+        passed = []
+        for step in run.target.before_steps(cell):
+            spec = self.step_spec(run, cell, step, seed)
+            if devices is not None:
+                spec.command.env["CUDA_VISIBLE_DEVICES"] = str(devices[0])
+            spec.log_dir.mkdir(parents=True, exist_ok=True)
+            (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")
+            done = build_result(Cell(cell.id, cell.axes, cell.world), launcher.launch(spec), spec.log_dir, trains=False)
+            if done.status != Status.PASSED:
+                done.fail(done.failure_class, f"{step} step: {done.error_line}", done.failing_rank, done.error_text)
+                done.details.append(f"the {step} step ran before the cell (one process); its logs: {spec.log_dir}")
+                return done, passed
+            passed.append(f"the {step} step passed first ({done.wall:.0f} s, logs: {spec.log_dir})")
+        return None, passed
+
+    def _later_runs(self, run, cell, result, devices, seed, launcher):
+        """A feature's later runs (e.g. resume a checkpoint on another layout): each must pass and must have
+        loaded the checkpoint the run before it wrote; the cell's losses stay its first run's."""
+        total = run.target.runs(cell)
+        for later in range(1, total):
+            spec = self.spec_for(run, cell, seed=seed, later=later)
+            if devices is not None:
+                spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+            again = self._launch(run, cell, spec, launcher)
+            what = f"run {later + 1} of {total}"
+            if again.status != Status.PASSED:
+                result.fail(again.failure_class, f"{what}: {again.error_line}", again.failing_rank, again.error_text)
+                result.exit_codes, result.details = again.exit_codes, [*result.details, *again.details]
+            elif not run.target.loaded_checkpoint(read_text(again.rank_logs.get(0, []))):
+                result.fail(FailureClass.INVALID_CONFIG, f"{what} did not load the checkpoint of run {later}: its "
+                                                         f"rank 0 log has no '{run.target.LOADED}'")
+            if result.status != Status.PASSED:
+                result.details.append(f"logs of {what}: {spec.log_dir}")
+                return
+            steps = sorted(again.losses)
+            result.details.append(f"{what} loaded the checkpoint and trained steps {steps[0]}-{steps[-1]} "
+                                  f"(logs: {spec.log_dir})")
+
+    @staticmethod
+    def _check_evidence(run, cell, spec, result):
+        """A green must show that its label took effect."""
+        evidence = run.target.evidence(cell, spec.log_dir)
+        result.evidence = [e.record() for e in evidence]
+        contradicted = [e for e in evidence if not e.ok]
+        if contradicted:
+            line = f"the run does not show its label: {contradicted[0].line()}"
+            result.fail(FailureClass.INVALID_CONFIG, line)
+
+    @staticmethod
+    def _check_invariants(spec, result):
+        """A green must keep the exact invariants of every optimizer step (judge.invariants), baseline or not."""
+        found = invariants.check(spec.log_dir, spec.nproc)
+        result.invariants = found.record()
+        if found.violation:
+            result.fail(FailureClass.NUMERICS, f"optimizer-step invariant ({found.check}): {found.violation}")
+
+    def seed_spec(self, run, model, command, folder, port=None) -> LaunchSpec:
+        return LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), port or free_port(),
+                          self.settings.log_limit_bytes, device=run.matrix.device)
+
+    def run_seed(self, run, model, command, folder) -> CellResult | None:
+        """One rank that writes the model's seed checkpoint; None when it did, else its failed result."""
+        self.prepare(run)  # the seed reads the target's assets too
+        spec = self.seed_spec(run, model, command, folder)
+        outcome = self.launcher_for(run).launch(spec)
+        if (folder / "checkpoint" / "step-0").is_dir():
+            return None
+        return build_result(Cell(spec.cell_id, {}, 1), outcome, folder)

@@ -1,0 +1,198 @@
+"""What a matrix session reads before the first cell: the launcher, the matrix files (loaded, expanded, bound to
+the installed torchtitan), the cells named on the command line, the known failures (checked against every
+profile, once per content key), and what the machine and the other plugins allow."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from ..judge import mutants
+from ..judge.known import could_apply, load_known_failures
+from ..kinds import Device
+from ..launch.builtin import LAUNCHERS
+from ..machine import cuda_device_ids, installed
+from ..paths import KNOWN_FAILURES, PACKAGE, cache_root
+from ..spec.matrix import SourceUnavailable
+from ..spec.profiles import MatrixRun, matrix_files, shipped, shipped_path
+from ..spec.upstream import UPSTREAM_AXES
+from ..store.runs import RunError, load_run
+from ..yamlio import MatrixError
+
+
+def make_launcher(config, dry_run):
+    name = config.getoption("simplefsdp_launcher") or config.getini("simplefsdp_launcher")
+    launcher = config.hook.pytest_simplefsdp_make_launcher(config=config, name=name, dry_run=dry_run)
+    if launcher is None:
+        raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {name!r}; built in: "
+                                f"{', '.join([*LAUNCHERS, 'slurm'])} (plugins add more: pytest_simplefsdp_make_launcher)")
+    return launcher
+
+
+def load_runs(config, s, files, cache_dir):
+    """The session's matrix files, loaded, expanded, and bound to what is installed."""
+    try:
+        runs = [MatrixRun(p, config, cache_dir, s.tier) for p in (files or matrix_files(s, config.rootpath))]
+        for run in runs:
+            problem = run.target.check_installed()
+            if problem and not s.dry_run:
+                raise pytest.UsageError(problem)
+            if not problem:  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: unchecked)
+                run.target.bind(run.cells)
+    except (MatrixError, RuntimeError) as e:
+        raise pytest.UsageError(str(e)) from None
+    return runs
+
+
+def known_failures_path(config, s):
+    """--simplefsdp-known-failures, else the rootdir's known_failures.yaml, else the shipped one."""
+    if s.known_failures is not None:
+        return s.known_failures
+    own = config.rootpath / "known_failures.yaml"
+    return own if own.exists() else KNOWN_FAILURES
+
+
+def load_known(config, s, runs, cache_dir):
+    """The known failures, each entry checked to be able to match a valid cell of some profile (every profile
+    shipped or run counts; shipped ones in the real tier, since a tier's rules may drop more). Expanding every
+    profile for that check is most of a session's start (millions of excludes on the GPU profiles), so what it
+    found is kept per content key (``check_key``): a start where nothing it depends on changed reads it back."""
+    path = known_failures_path(config, s)
+    key = check_key(config, path, runs)
+    cached = cache_root() / "known-check" / f"{key}.json"
+    if cached.is_file():
+        facts = json.loads(cached.read_text())
+        try:
+            return load_known_failures(path, set(facts["axes"]), allow_todo_links=s.update_known_failures,
+                                       profiles=set(facts["profiles"]))
+        except MatrixError as e:
+            raise pytest.UsageError(str(e)) from None
+    known, facts = _check_known(config, s, path, runs, cache_dir)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(facts))
+    return known
+
+
+def _check_known(config, s, path, runs, cache_dir):
+    profiles, unloadable = list(runs), set()
+    for p in shipped(config.rootpath).values():
+        if not any(r.matrix.path.resolve() == p.resolve() and r.matrix.tier == "real" for r in runs):
+            try:
+                profiles.append(MatrixRun(p, config, cache_dir))
+            except SourceUnavailable:
+                unloadable.add(p.stem)  # an upstream-sourced profile whose torchtitan is not installed here
+            except MatrixError as e:  # a broken shipped profile is an error, not an unknown axis later
+                raise pytest.UsageError(f"a shipped profile does not load: {e}") from None
+    axis_names = {a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES
+    names = {r.matrix.profile for r in profiles} | unloadable
+    try:
+        known = load_known_failures(path, axis_names, allow_todo_links=s.update_known_failures, profiles=names)
+        for entry in known.entries:
+            named = entry.when.get("profile")
+            named = set(named if isinstance(named, list) else [named]) if named else set()
+            if entry.foreign or (named and named <= unloadable):
+                continue  # its profiles are not loaded (or cannot be, here): nothing to check it against
+            if not any(could_apply(entry, c.axes, r.env()) for r in profiles for c in r.cells):
+                raise MatrixError(f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
+                                  f"({', '.join(r.matrix.profile for r in profiles)})")
+    except MatrixError as e:
+        raise pytest.UsageError(str(e)) from None
+    return known, {"axes": sorted(axis_names), "profiles": sorted(names)}
+
+
+def check_key(config, path, runs) -> str:
+    """What the known-failures check depends on: the file, every profile's file, the plugin's own code, the
+    installed torchtitan (whether the upstream-sourced profiles load), the tier, and the source of every other
+    plugin that can change targets or cells (a conftest's pytest_simplefsdp_modify_cells)."""
+    h = hashlib.sha256()
+    files = [Path(path), *shipped(config.rootpath).values(), *(r.matrix.path for r in runs)]
+    files += sorted(PACKAGE.rglob("*.py"))
+    for hook in (config.hook.pytest_simplefsdp_modify_cells, config.hook.pytest_simplefsdp_make_target):
+        files += [Path(i.plugin.__file__) for i in hook.get_hookimpls() if getattr(i.plugin, "__file__", None)]
+    for f in sorted(set(files)):
+        h.update(f"{f}\0".encode())
+        h.update(f.read_bytes() if f.is_file() else b"-")
+    h.update(json.dumps([installed("torchtitan"), sorted(str(r.matrix.tier) for r in runs)]).encode())
+    return h.hexdigest()[:20]
+
+
+def cell_arguments(config):
+    """Positional arguments in matrix mode: matrix files, or cells as a FAILED line names them
+    (``matrix/cpu.yaml::llama3-dp2-eager``, pasted back; a shipped profile's from any rootdir). Ordinary test
+    paths are refused: this mode runs the matrix only. Returns {matrix path: cell ids (empty: all its cells)}."""
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        return {}
+    chosen = {}
+    for arg in config.args:
+        file, _, cell = arg.partition("::")
+        file = file.removesuffix("[trace]")
+        path = next((b / file for b in (config.invocation_params.dir, config.rootpath) if (b / file).is_file()),
+                    None) or shipped_path(file)
+        if path is None or path.suffix not in (".yaml", ".yml"):
+            raise pytest.UsageError(f"{arg}: not a matrix file or a cell of one; --simplefsdp-matrix runs the "
+                                    f"matrix only (drop it to run test files)")
+        ids = chosen.setdefault(path.resolve(), set())
+        if not cell:
+            chosen[path.resolve()] = ids = None  # the whole file
+        if ids is not None:
+            ids.add(cell)
+    config.args[:] = [str(config.invocation_params.dir)]  # nothing for pytest to collect: the cells are ours
+    return {p: ids or set() for p, ids in chosen.items()}
+
+
+def check_plugins(config, s):
+    """Plugins that would fight the matrix's own mechanisms: refused with the way out, or told in the header.
+    pytest-rerunfailures would run a cell again over its own folder and store it twice; pytest-timeout would
+    interrupt the controller mid-cell (a traceback, the cell's record lost) where the supervisor times it.
+    Returns (header lines, whether cells are exempt from an ini pytest-timeout)."""
+    reruns = getattr(config.option, "reruns", None)
+    if reruns:
+        raise pytest.UsageError(f"--reruns {reruns} (pytest-rerunfailures): a matrix cell is not rerun; a cell "
+                                f"that fails now and then is a `kind: flaky` entry in the known failures")
+    if getattr(config.option, "timeout", None):
+        raise pytest.UsageError(f"--timeout {config.option.timeout:g} (pytest-timeout): a cell is timed by its "
+                                f"supervisor, which dumps the ranks' stacks and keeps the record: use "
+                                f"--simplefsdp-timeout={config.option.timeout:g}")
+    if config.pluginmanager.hasplugin("timeout") and float(config.getini("timeout") or 0) > 0:
+        return [f"simplefsdp: the ini timeout ({config.getini('timeout')} s, pytest-timeout) does not apply to cells: "
+                f"each has its own (--simplefsdp-timeout, else the matrix file's `timeout`)"], True
+    return [], False
+
+
+def check_gpus(runs, runner):
+    """A GPU profile on a host with fewer GPUs is still collected (--co, -k work anywhere); its cells are
+    skipped with the reason. Returns run name -> why its cells cannot run here."""
+    have, out = len(cuda_device_ids()), {}
+    for run in runs:
+        if run.matrix.device == Device.CUDA and not runner.launcher_for(run).remote:  # (trace tier: CPU)
+            need = max((c.world for c in run.cells), default=0)
+            if have < need:
+                out[run.name] = (f"profile {run.matrix.profile} needs {need} CUDA devices, {have} visible "
+                                 f"(--simplefsdp-dry-run lists its commands; --simplefsdp-tier=trace runs it here)")
+    return out
+
+
+def stored_run(path, option):
+    """A stored run an option names, read now: a bad file is found before any cell runs."""
+    if path is None:
+        return None
+    try:
+        return load_run(path)
+    except (OSError, RunError) as e:
+        raise pytest.UsageError(f"--simplefsdp-{option}: {e}") from None
+
+
+def chosen_mutants(s, runs):
+    """run name -> [judge.mutants.Mutant] of --simplefsdp-mutants."""
+    if not s.mutants:
+        return {}
+    chosen = {}
+    for run in runs:
+        try:
+            chosen[run.name] = mutants.parse_names(s.mutants, run.target.MUTANTS)
+        except ValueError as e:
+            raise pytest.UsageError(f"--simplefsdp-mutants: {run.name} (target {run.target.name}): {e}") from None
+    return chosen

@@ -1,0 +1,138 @@
+"""A matrix session's state and its one way of running a cell: the settings, launcher, matrix runs, known
+failures, runner, numerics book and result store, and a cell run, compared with its baseline, judged against
+its known failures and recorded. The matrix's items and the ``simplefsdp_cell`` fixture both come through here."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ..judge import mutants
+from ..judge.results import CellResult
+from ..judge.verdict import apply
+from ..kinds import FailureClass, KnownKind, RecordType, Status
+from ..launch.procs import kill_procs, session_leftovers
+from ..options import settings
+from ..run.baselines import Book, Unavailable
+from ..run.runner import CellRunner
+from ..store.results import ResultStore
+from . import setup
+
+
+class MatrixSession:
+    def __init__(self, config, files=None):
+        self.config = config
+        self.settings = s = settings(config)
+        self.launcher = setup.make_launcher(config, s.dry_run)
+        self.cache_dir = config.rootpath / ".simplefsdp"
+        self.run_dir = s.artifacts or self.cache_dir / "runs" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        # pytest-xdist: the controller names the run folder; each worker runs its cells (and its own seeds
+        # and baselines) in a subfolder, and its records reach the controller on the test reports
+        self.worker = getattr(config, "workerinput", None)
+        if self.worker is not None and "simplefsdp_run_dir" in self.worker:
+            self.run_dir = Path(self.worker["simplefsdp_run_dir"]) / self.worker["workerid"]
+        elif getattr(config.option, "numprocesses", None):
+            if s.jobs != 1:
+                raise pytest.UsageError("--simplefsdp-jobs packs cells in one process; with pytest-xdist (-n) "
+                                        "choose one of the two")
+            if s.dry_run:
+                raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
+        self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
+        self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks)
+        self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
+        self.runs = setup.load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
+        self.unavailable = {} if s.dry_run else setup.check_gpus(self.runs, self.runner)  # run -> why not here
+        self.mutants = setup.chosen_mutants(s, self.runs)  # run name -> [mutants.Mutant] of --simplefsdp-mutants
+        self.known = setup.load_known(config, s, self.runs, self.cache_dir)
+        self.compared = setup.stored_run(s.compare, "compare")
+        self.store = ResultStore(self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name,
+                                 config.hook, config)
+        self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
+        self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
+
+    # --- known failures -----------------------------------------------------------------------------
+
+    def entries_for(self, run, cell):
+        return self.known.for_cell(cell.axes, run.env()) if self.known else []
+
+    def skip_entry(self, run, cell):
+        return next((e for e in self.entries_for(run, cell) if e.kind == KnownKind.SKIP), None)
+
+    @staticmethod
+    def skipped_result(cell, entry, reason=None):
+        """A cell that is not run: a skip entry's, or (entry None) the reason given."""
+        return CellResult(cell.id, dict(cell.axes), status=Status.SKIPPED, world=cell.world,
+                          known_failure=entry and entry.id, known_failure_link=entry and entry.link,
+                          verdict=entry.reason if entry else reason)
+
+    # --- running ------------------------------------------------------------------------------------
+
+    def run_and_check(self, run, cell, devices=None) -> CellResult:
+        """Run a cell and, where the matrix asks for it, compare it with its baseline."""
+        reused = self.book.reused(run, cell)
+        if reused is not None:  # it already ran as a baseline
+            return reused
+        seed = self.book.seed_for(run, cell)
+        if isinstance(seed, Unavailable):
+            return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
+                              world=cell.world, error_line=seed.reason, error_text=seed.reason)
+        result = self.runner.run(run, cell, devices, seed=seed)
+        if run.matrix.numerics:
+            self.book.check(run, cell, result)
+        return result
+
+    def run_judged(self, run, cell, packed=None):
+        """The cell's judged result (a matrix item and the fixture alike) and, for a plain cell, its verdict."""
+        result = self.packer.result(packed) if self.packer and packed else self.run_and_check(run, cell)
+        if cell.mutant:
+            mutant = next(m for m in run.target.MUTANTS if m.name == cell.mutant)
+            return mutants.judge(result, mutant), None
+        return result, apply(result, self.entries_for(run, cell), self.settings.gate)
+
+    def record(self, run, result, kind=RecordType.CELL):
+        if kind == RecordType.CELL:
+            self.book.note(run, result)
+        return self.store.record(run, result, kind)
+
+    def run_one(self, path, cell_id, mutant=None):
+        """The fixture API: run one cell (or one mutant of it) and judge it as a matrix item would."""
+        run = next(r for r in self.runs if r.matrix.path.resolve() == Path(path).resolve())
+        cell = run.cell(cell_id)
+        if cell is None:
+            raise pytest.UsageError(f"simplefsdp_cell: {run.matrix.path} has no valid cell {cell_id!r}; its cells: "
+                                    f"{', '.join(c.id for c in run.cells[:20])}{' ...' if len(run.cells) > 20 else ''}")
+        if run.name in self.unavailable:
+            pytest.skip(self.unavailable[run.name])
+        skip = self.skip_entry(run, cell)
+        if skip:
+            pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
+        if mutant:
+            if mutant not in {m.name for m in run.target.MUTANTS}:
+                raise pytest.UsageError(f"simplefsdp_cell: unknown mutant {mutant!r} of target {run.target.name}; "
+                                        f"known: {', '.join(m.name for m in run.target.MUTANTS) or 'none'}")
+            cell = dataclasses.replace(cell, id=f"{cell.id}[mutant-{mutant}]", mutant=mutant)
+        result, _ = self.run_judged(run, cell)
+        self.record(run, result)
+        for rec in self.store.take_pending():
+            self.store.collect(rec)
+        return result
+
+    def close(self):
+        """The session's end: the launchers' servers and anything of this run still alive. Returns
+        the leftovers that had to be killed (the clean-up guarantee: nothing of this run may survive it)."""
+        if self.packer:
+            self.packer.close()
+        self.launcher.close()
+        leftovers = [p for p in session_leftovers() if p.is_running()]
+        lines = []
+        for p in leftovers:
+            try:
+                lines.append(f"pid {p.pid}: {' '.join(p.cmdline()[:6])}")
+            except psutil.Error:
+                pass
+        kill_procs(leftovers)
+        return lines

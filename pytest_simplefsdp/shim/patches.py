@@ -1,0 +1,195 @@
+"""The CPU patches: each lets the unmodified torchtitan trainer over one concrete gap of running on CPU ranks with
+gloo (see the README, "Running on CPU"), one set per torchtitan generation (``SIMPLEFSDP_CPU_SHIM=<generation>``);
+``SIMPLEFSDP_CPU_SHIM_SKIP=name,name`` switches single patches off, so the failure a patch hides can still be
+seen. No patch bridges a torch version: each target runs on the torch its torchtitan was released against."""
+
+import os
+import time
+
+from .hooks import after_import
+
+
+def device_type_cpu():
+    """torchtitan picks its device at import: ``_get_available_device_type() or "cuda"``."""
+    import torch._utils
+
+    original = torch._utils._get_available_device_type
+    torch._utils._get_available_device_type = lambda: original() or "cpu"
+
+
+def cpu_memory_monitor():
+    """torchtitan's memory monitor calls CUDA-only functions on ``torch.cpu``."""
+    import collections
+
+    import torch
+
+    props = collections.namedtuple("CpuProperties", "name total_memory")
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    fill = {
+        "get_device_name": lambda device=None: "cpu",
+        "get_device_properties": lambda device=None: props("cpu", total),
+        "reset_peak_memory_stats": lambda device=None: None,
+        "empty_cache": lambda: None,
+        "memory_stats": lambda device=None: {},
+    }
+    for name, fn in fill.items():
+        if not hasattr(torch.cpu, name):
+            setattr(torch.cpu, name, fn)
+
+
+def barrier_device_ids():
+    """torchtitan passes ``device_ids=[torch.cpu.current_device()]`` (the string "cpu")."""
+    import torch.distributed as dist
+
+    original = dist.barrier
+
+    def barrier(*args, device_ids=None, **kwargs):
+        if device_ids is not None and not all(isinstance(d, int) for d in device_ids):
+            device_ids = None
+        return original(*args, device_ids=device_ids, **kwargs)
+
+    dist.barrier = barrier
+
+
+def dram_bandwidth_constant():
+    """inductor's overlap scheduler asks ``triton.testing.get_dram_gbps()``, which needs a GPU."""
+
+    @after_import("triton.testing")
+    def patch(module):
+        module.get_dram_gbps = lambda *a, **k: 100.0
+
+
+def cpu_sdpa_saved():
+    """Graph SAC must save the CPU flash-attention op, or remat hits its RNG op."""
+
+    @after_import("torchtitan.distributed.activation_checkpoint")
+    def patch(module):
+        import torch
+
+        original = module._get_default_save_ops
+
+        def save_ops():
+            ops = original()
+            ops.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+            return ops
+
+        module._get_default_save_ops = save_ops
+
+
+def fsdp2_sum_reduction():
+    """Gloo has neither PREMUL_SUM nor AVG: FSDP2 (the core trainer, the reference cells) reduces gradients
+    with SUM and divides after, as torch already does for MTIA."""
+
+    @after_import("torch.distributed.fsdp._fully_shard._fsdp_collectives")
+    def patch(module):
+        original = module._get_gradient_divide_factors
+
+        def divide_factors(rs_group, ar_group, reduce_dtype, device_type="", factor=None, force_sum=False):
+            return original(rs_group, ar_group, reduce_dtype, device_type, factor, force_sum or device_type == "cpu")
+
+        module._get_gradient_divide_factors = divide_factors
+
+
+# --- torchtitan 0.2 (the seed era) only ---------------------------------------------------
+
+
+def sdpa_math_backend():
+    """0.2's SDPA wrapper allows only CUDA kernels; the CPU flash kernel needs equal head sizes
+    (deepseek_v3 uses 192 for q/k, 128 for v): let it fall back to MATH ("No available kernel")."""
+
+    @after_import("torchtitan.models.attention")
+    def patch(module):
+        from torch.nn.attention import SDPBackend
+
+        module.ScaledDotProductAttentionWrapper.sdpa_backends = [
+            SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def histc_integer_input():
+    """The MoE router counts tokens with ``torch.histc`` on Long input: no CPU kernel
+    ("histogram_cpu" not implemented for 'Long'). Count in float, return the input's dtype."""
+    import torch
+
+    original = torch.histc
+
+    def histc(input, *args, **kwargs):
+        if not input.is_floating_point():
+            return original(input.float(), *args, **kwargs).to(input.dtype)
+        return original(input, *args, **kwargs)
+
+    torch.histc = histc
+
+
+def fill_indices_tensor_ops():
+    """EP token permutation calls a Triton kernel; 0.2's own CPU fallback loops over ``.item()``,
+    which full-graph compile cannot trace. Same result with fixed-shape tensor ops."""
+
+    @after_import("torchtitan.models.moe.kernels")
+    def patch(module):
+        module.fill_indices_wrapper = fill_indices
+
+
+def fill_indices(tokens_per_expert_group, start_index_values, write_offsets, experts_per_rank, num_ranks,
+                 max_len, block_size=128, max_blocks=1024):
+    """For each local expert, the token indices it receives from every rank, in rank order, written
+    from the expert's offset; -1 elsewhere (the contract of 0.2's ``fill_indices_wrapper``)."""
+    import torch
+
+    tokens = tokens_per_expert_group.view(num_ranks, experts_per_rank).t().to(torch.int64)  # [expert, rank]
+    starts = start_index_values.view(num_ranks, experts_per_rank).t().to(torch.int64)
+    before = torch.cumsum(tokens, dim=1) - tokens  # tokens of earlier ranks, same expert
+    write = (write_offsets.to(torch.int64).view(-1, 1) + before).reshape(-1)
+    length, source = tokens.reshape(-1), starts.reshape(-1)
+    pos = torch.arange(max_len, device=tokens.device).view(-1, 1)
+    inside = (pos >= write) & (pos < write + length)  # [position, segment]
+    value = torch.where(inside, source + pos - write, torch.zeros_like(inside, dtype=torch.int64))
+    out = torch.where(inside.any(dim=1), value.sum(dim=1), torch.full_like(pos.view(-1), -1))
+    return out.to(torch.int32)
+
+
+def grouped_mm_on_cpu():
+    """0.2 takes the grouped-mm expert path only on SM90+ GPUs; on CPU it would take a for-loop
+    path that H100s never run (and that fails under compile). torch 2.10.0's CPU ``_grouped_mm``
+    matches the per-expert matmuls forward and backward (tests/test_shim.py checks it on the installed
+    torch), so keep CPU on the GPU's code path."""
+    for name in ("torchtitan.models.deepseek_v3.model.args", "torchtitan.models.llama4.model.args"):
+
+        @after_import(name)
+        def patch(module):
+            module.has_cuda_capability = lambda major, minor: True
+
+
+def end_of_run_sleep():
+    """Rank 0 ends every run with ``time.sleep(2)`` "for other ranks to complete" (0.3's trainer.py). No rank
+    needs it here: the launcher waits for every rank, and the last collective is behind all of them. It is
+    2 s of every cell's wall time (a third of a forked eager cell), so that one module's ``time.sleep``
+    returns at once; switch the patch off to get the sleep back. (0.2 sleeps in train.py, which runs as
+    ``__main__``: no import hook reaches it, so the seed era keeps its sleep.)"""
+
+    class TimeWithoutSleep:
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds):
+            pass
+
+    @after_import("torchtitan.trainer")
+    def patch(module):
+        if getattr(module, "time", None) is time:
+            module.time = TimeWithoutSleep()
+
+
+SHARED = {
+    "device_type_cpu": device_type_cpu,
+    "cpu_memory_monitor": cpu_memory_monitor,
+    "barrier_device_ids": barrier_device_ids,
+}
+PATCH_SETS = {  # SIMPLEFSDP_CPU_SHIM names the set: one per torchtitan generation
+    "titan03": {**SHARED, "dram_bandwidth_constant": dram_bandwidth_constant, "cpu_sdpa_saved": cpu_sdpa_saved,
+                "fsdp2_sum_reduction": fsdp2_sum_reduction, "end_of_run_sleep": end_of_run_sleep},
+    "titan02": {**SHARED, "sdpa_math_backend": sdpa_math_backend, "histc_integer_input": histc_integer_input,
+                "fill_indices_tensor_ops": fill_indices_tensor_ops, "grouped_mm_on_cpu": grouped_mm_on_cpu},
+}
+
+

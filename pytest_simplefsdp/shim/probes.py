@@ -1,0 +1,184 @@
+"""What the probe records in every titan03 rank (it changes nothing):
+
+* ``evidence``: what torchtitan really used: the job config's compile and PP settings, the trainer class, the
+  degrees and 1-D meshes of the ParallelDims it built, whether a step ran a traced graph; and which of the
+  probe's own hooks attached (``probe.hooks``), so a probe that did not run is not read as a run that lied.
+* ``training``: per optimizer step, the exact invariants of every parameter shard on this rank (did it change,
+  did it have a gradient, its learning rate, a hash of its bits, which piece of the full tensor it is, the
+  squared norm of its update) and how many optimizer and scheduler steps ran (``steps.rank<R>.jsonl``); with
+  the gradient probe (numerics runs), each parameter's full-tensor gradient norm before clipping, its norm after
+  the step, and once a checksum of the loaded weights (``grads.rank<R>.jsonl``).
+
+The mutants (mutants.py) act at the same points: a bug inside the system under test, seen by the probe as the
+gate sees it."""
+
+from . import gradmath, record
+from .hooks import ATTACHED, after_import, on_attach
+from .mutants import actor
+
+_WRAPPERS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
+_STATE = {}  # "trainer": this rank's Trainer once training started; "traced": a traced graph was made
+
+
+def named_params(trainer):
+    """FQN -> parameter over the rank's model parts, wrapper names (compile, AC) removed."""
+    out = {}
+    for part in trainer.model_parts:
+        for name, p in part.named_parameters():
+            out.setdefault(".".join(x for x in name.split(".") if x not in _WRAPPERS), p)
+    return out
+
+
+def started():
+    """This rank's probe is running: its hooks so far (a forked rank says so once its environment is its own)."""
+    record.write("probe", {"started": "yes", "hooks": sorted(set(ATTACHED))})
+
+
+def evidence():
+    started()
+    on_attach(lambda label: started())
+
+    @after_import("torchtitan.config.manager", "config")
+    def config(module):
+        original = module.ConfigManager.parse_args
+
+        def parse_args(self, *args, **kwargs):
+            cfg = original(self, *args, **kwargs)
+            keys = {"compile": ("mode", "backend", "inductor_compilation", "memory_policy"),
+                    "parallelism": ("pipeline_parallel_schedule",)}
+            record.write("config", {f"{section}.{k}": str(getattr(getattr(cfg, section, None), k, None))
+                                    for section, names in keys.items() for k in names})
+            record.write("config", {"trainer": type(cfg).__qualname__.split(".")[0]})  # GraphTrainer or Trainer
+            return cfg
+
+        module.ConfigManager.parse_args = parse_args
+
+    @after_import("torchtitan.distributed.parallel_dims", "mesh")
+    def mesh(module):
+        original = module.ParallelDims.build_mesh
+
+        def build_mesh(self, *args, **kwargs):
+            world = original(self, *args, **kwargs)
+            record.write("degrees", {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp",
+                                                                   "ep", "world_size")})
+            record.write("mesh", {name: m.size() for name, m in self.get_all_one_dimensional_meshes().items()})
+            return world
+
+        module.ParallelDims.build_mesh = build_mesh
+
+    @after_import("torchtitan.experiments.graph_trainer.make_fx_tracer", "traced")
+    def traced(module):  # every trace (GraphTrainer's, GraphPP's stages, a precompiled one) makes a TracedResult
+        original = module.TracedResult.__init__
+
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            _STATE["traced"] = True
+
+        module.TracedResult.__init__ = __init__
+
+
+def training(grads: bool, invariants: bool, mutant: str | None):
+    """The train-step probe: ``grads`` (the gradient probe), ``invariants`` (every step's), ``mutant`` (its bug)."""
+    act = actor(mutant)
+    act("install")
+
+    @after_import("torchtitan.distributed.utils", "clip")
+    def clip(module):
+        original = module.clip_grad_norm_
+
+        def clip_grad_norm_(*args, **kwargs):
+            trainer = _STATE.get("trainer")
+            if trainer is not None:
+                params = named_params(trainer)
+                act("grads", trainer=trainer, params=params)
+                if grads:
+                    record.append("grads", {"kind": "grad_norm", "step": trainer.step,
+                                            "values": gradmath.norms({fqn: p.grad for fqn, p in params.items()})})
+            return original(*args, **kwargs)
+
+        module.clip_grad_norm_ = clip_grad_norm_  # trainer.py calls it as dist_utils.clip_grad_norm_
+
+    @after_import("torchtitan.trainer", "train_step")
+    def step(module):
+        original = module.Trainer.train_step
+
+        def train_step(self, *args, **kwargs):
+            if "trainer" not in _STATE:  # the checkpoint is loaded: these are the weights step 1 starts from
+                _STATE["trainer"] = self
+                params = named_params(self)
+                act("load", trainer=self, params=params)
+                if grads:
+                    record.append("grads", {"kind": "init_checksum", "step": 0, "values": gradmath.checksums(params)})
+                _watch(self, act, invariants)
+            out = original(self, *args, **kwargs)
+            if grads:
+                record.append("grads", {"kind": "param_norm", "step": self.step,
+                                        "values": gradmath.norms(named_params(self))})
+            if invariants and "update" in _STATE:
+                record.append("steps", {"step": self.step, **_STATE.pop("update"), **_STATE["counts"]})
+            if _STATE.get("traced"):
+                record.write("graph", {"traced": "yes"})
+            return out
+
+        module.Trainer.train_step = train_step
+
+
+def _watch(trainer, act, invariants):
+    """The optimizer's and the LR scheduler's steps of this trainer, counted and observed (on the instances:
+    whatever class torchtitan built them as)."""
+    counts = _STATE["counts"] = {"optimizer_steps": 0, "scheduler_steps": 0}
+    optimizers, schedulers = trainer.optimizers, trainer.lr_schedulers
+    optimizer_step, scheduler_step = optimizers.step, schedulers.step
+
+    def step(*args, **kwargs):
+        params = named_params(trainer)
+        act("before_update", trainer=trainer, params=params)
+        before = {fqn: gradmath.local(p).clone() for fqn, p in params.items()}
+        lrs = _learning_rates(optimizers)
+        with_grad = _has_grad(params)
+        out = optimizer_step(*args, **kwargs)
+        counts["optimizer_steps"] += 1
+        act("update", trainer=trainer, params=params, before=before)
+        if invariants:
+            _STATE["update"] = _update(params, before, lrs, with_grad)
+        return out
+
+    def scheduler(*args, **kwargs):
+        out = scheduler_step(*args, **kwargs)
+        counts["scheduler_steps"] += 1
+        act("schedule", trainer=trainer)
+        return out
+
+    optimizers.step, schedulers.step = step, scheduler
+
+
+def _learning_rates(optimizers):
+    """id(parameter) -> the learning rate its optimizer step uses."""
+    return {id(p): float(group["lr"]) for o in getattr(optimizers, "optimizers", [optimizers])
+            for group in o.param_groups for p in group["params"]}
+
+
+def _has_grad(params):
+    import torch
+
+    have = {fqn: p.grad is not None for fqn, p in params.items()}
+    nonzero = [gradmath.local(p.grad).ne(0).any() for fqn, p in params.items() if have[fqn]]
+    flags = iter(torch.stack(nonzero).tolist() if nonzero else [])
+    return {fqn: bool(next(flags)) if have[fqn] else False for fqn in params}
+
+
+def _update(params, before, lrs, with_grad):
+    """Per parameter of this rank: [changed, had a nonzero gradient, learning rate, hash of its bits after the
+    step, which piece of the full tensor it is, squared norm of the update], and the rank's learning rates."""
+    import torch
+
+    changed, squares, hashes = [], [], []
+    for fqn, p in params.items():
+        now = gradmath.local(p)
+        changed.append(now.ne(before[fqn]).any())
+        squares.append((now.double() - before[fqn].double()).pow(2).sum())
+        hashes.append(gradmath.bits_hash(now, torch.arange(now.numel(), device=now.device)))
+    changed, squares, hashes = (torch.stack(x).tolist() if x else [] for x in (changed, squares, hashes))
+    out = {fqn: [bool(c), with_grad[fqn], lrs.get(id(p)), int(h), gradmath.shard_key(p), s]
+           for (fqn, p), c, s, h in zip(params.items(), changed, squares, hashes)}
+    return {"lr": sorted(set(lrs.values())), "params": out}

@@ -1,0 +1,169 @@
+"""Step 2: expand a matrix into cells — cross product, exclude, include, rules, stable ids."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+
+from .matrix import RULE_FUNCTIONS, Matrix, MatrixError
+from .upstream import upstream_axes
+
+
+@dataclass
+class Cell:
+    id: str
+    axes: dict
+    world: int
+    smoke: bool = False
+    where: str = ""  # the matrix line the cell came from (axes or an include entry)
+    mutant: str | None = None  # the bug re-injected into this run of the cell (the mutation tier)
+
+
+@dataclass
+class Dropped:
+    id: str
+    axes: dict
+    world: int
+    rule: str
+    reason: str
+
+
+def value_id(value):
+    text = "none" if value is None else str(value)
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", text)
+
+
+def id_parts(matrix: Matrix, axes: dict) -> dict:
+    """axis -> how its value is written in ids and tables ("" where the matrix omits it)."""
+    parts = {}
+    for axis in matrix.axes:
+        spec = matrix.ids.get(axis, {})
+        omit = spec.get("omit", [])
+        omit = omit if isinstance(omit, list) else [omit]
+        parts[axis] = "" if axes[axis] in omit else f"{spec.get('prefix', '')}{value_id(axes[axis])}"
+    return parts
+
+
+def cell_id(matrix: Matrix, axes: dict) -> str:
+    return "-".join(p for p in id_parts(matrix, axes).values() if p)
+
+
+def cell_key(profile, tier, cell_id) -> str:
+    """A cell's key across runs and machines: profile (and tier) and cell id, never the matrix file's path, which
+    depends on the rootdir a run started from (CI and a laptop name the same file differently)."""
+    return f"{profile}{'[trace]' if str(tier) == 'trace' else ''}::{cell_id}"
+
+
+def world_size(matrix: Matrix, axes: dict) -> int:
+    if matrix.upstream:
+        return matrix.upstream[axes["upstream"]].ngpu
+    if not matrix.degrees:
+        return matrix.world_sizes[0]
+    return math.prod(axes[d] for d in matrix.degrees)
+
+
+def rule_names(matrix: Matrix, axes: dict) -> dict:
+    """What a rule's drop_if and reason can refer to."""
+    names = {"world": world_size(matrix, axes), "world_sizes": matrix.world_sizes,
+             "profile": matrix.profile, "device": matrix.device}
+    facts = matrix.models.get(axes.get("model"), {}) if "model" in axes else {}
+    names.update(facts)
+    names.update(axes)
+    return names
+
+
+def _drop_reason(matrix: Matrix, axes: dict):
+    names = rule_names(matrix, axes)
+    for rule in matrix.rules:
+        try:
+            dropped = eval(rule.code, {"__builtins__": {}, **RULE_FUNCTIONS}, names)  # checked by compile_rule
+        except NameError as e:
+            raise MatrixError(f"{rule.where}: rule {rule.name!r} uses an unknown name: {e}; "
+                              f"known: {', '.join(sorted(names))}") from None
+        except Exception as e:  # noqa: BLE001 - any error in user expressions is a matrix error
+            raise MatrixError(f"{rule.where}: rule {rule.name!r} failed on {axes}: {type(e).__name__}: {e}") from None
+        if dropped:
+            try:
+                reason = rule.reason.format(**names)
+            except (KeyError, IndexError, ValueError) as e:
+                raise MatrixError(f"{rule.where}: rule {rule.name!r}: reason refers to unknown name {e}") from None
+            return rule.name, reason
+    world = names["world"]
+    if matrix.degrees and world not in matrix.world_sizes:  # a layout no rule caught must not reach a launcher
+        product = " x ".join(f"{d} {axes[d]}" for d in matrix.degrees)
+        return "world_sizes", f"{world} ranks ({product}) is not one of world_sizes {matrix.world_sizes}"
+    return None
+
+
+def excluder(entries):
+    """A test of whether axes match any of the partial cells: one set lookup per distinct set of axes the entries
+    name, instead of one comparison per entry (a profile's cross product times its excludes ran to millions)."""
+    by_axes = {}
+    for e in entries:
+        names = tuple(sorted(e.values))
+        by_axes.setdefault(names, set()).add(tuple(_key(e.values[n]) for n in names))
+    groups = list(by_axes.items())
+
+    def excluded(axes):
+        return any(tuple(_key(axes.get(n)) for n in names) in values for names, values in groups)
+
+    return excluded
+
+
+def _key(value):
+    """A value as a set member that compares as ``==`` does (1 == 1.0); an unhashable one (a list) by its repr."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("unhashable", repr(value))
+
+
+def expand(matrix: Matrix):
+    """Return (cells, dropped) for a matrix, in a stable order."""
+    if matrix.source and not matrix.upstream:
+        raise MatrixError(f"{matrix.where('source')}: source upstream: its tests were not read (spec.upstream.with_source)")
+    names = list(matrix.axes)
+    candidates = []  # (axes, where)
+    excluded = excluder(matrix.exclude)
+    for combo in itertools.product(*(matrix.axes[n] for n in names)):
+        axes = dict(zip(names, combo))
+        if matrix.upstream:  # an upstream test: rules, known failures and evidence see what it configures
+            axes = upstream_axes(matrix.upstream[axes["upstream"]])
+        if excluded(axes):
+            continue
+        candidates.append((axes, matrix.where("axes")))
+    index = {tuple(a.items()): i for i, (a, _) in enumerate(candidates)}
+    for entry in matrix.include:  # an included cell was asked for by name: a rule dropping it is an error
+        axes = {n: entry.values.get(n, matrix.axes[n][0]) for n in names}
+        key = tuple(axes.items())
+        if key in index:
+            candidates[index[key]] = (axes, entry.where)
+        else:
+            index[key] = len(candidates)
+            candidates.append((axes, entry.where))
+
+    # a tier's own rules may drop an included cell (the trace tier cannot run everything the profile asks for)
+    tier_rules = {r.name for r in matrix.trace["rules"]} if matrix.tier != "real" and matrix.trace else set()
+    cells, dropped, by_id = [], [], {}
+    for axes, where in candidates:
+        cid = cell_id(matrix, axes)
+        drop = _drop_reason(matrix, axes)
+        if drop:
+            if where != matrix.where("axes") and drop[0] not in tier_rules:
+                raise MatrixError(f"{where}: include entry {cid} cannot run: rule {drop[0]!r}: {drop[1]}")
+            dropped.append(Dropped(cid, axes, world_size(matrix, axes), *drop))
+            continue
+        if cid in by_id:
+            raise MatrixError(f"{where}: two cells get the id {cid!r} ({by_id[cid].axes} and {axes}); "
+                              f"adjust `ids` so that every axis value shows")
+        smoke = any(e.matches(axes) for e in matrix.smoke)
+        cell = Cell(cid, axes, world_size(matrix, axes), smoke, where)
+        by_id[cid] = cell
+        cells.append(cell)
+    for entry in matrix.smoke:
+        if not any(entry.matches(c.axes) for c in cells):
+            raise MatrixError(f"{entry.where}: smoke entry {entry.values} matches no valid cell")
+    return cells, dropped

@@ -1,0 +1,90 @@
+"""The result store: each record of the run, once it arrives with its test report, appended to
+``results.jsonl`` (flushed and synced, so an interrupted or killed run keeps what finished) and kept
+for the table, JSON and status file. Records made in this process wait in ``pending`` until the test
+report of their item carries them (pytest-xdist takes them from a worker to the controller that way)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+from ..kinds import RecordType
+
+
+class ResultStore:
+    def __init__(self, run_dir: Path, runs, launcher_of, hook=None, config=None):
+        self.run_dir, self.runs, self.launcher_of = run_dir, runs, launcher_of  # run -> its launcher's name
+        self.hook, self.config = hook, config
+        self.lock = threading.RLock()  # cells may run in threads (--simplefsdp-jobs)
+        self.pending = []  # records made since the last test report (they ride on the next one)
+        self.records = []  # every record of the run, from the test reports: what the table and JSON show
+        self.jsonl = None
+
+    @property
+    def path(self):
+        return self.run_dir / "results.jsonl"
+
+    def record(self, run, result, kind=RecordType.CELL):
+        """A judged result of this process: its result.json now, its record on the next test report (plain data:
+        the type as its word, which pytest-xdist's channel carries)."""
+        rec = run.record_of(result)
+        rec.update(type=str(RecordType(kind)), matrix=run.name)
+        if not result.reused_from:  # a kept job's folder is shared by later runs: this run writes nothing there
+            Path(result.log_dir).mkdir(parents=True, exist_ok=True)
+            (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
+        with self.lock:
+            self.pending.append(rec)
+        return rec
+
+    def take_pending(self):
+        with self.lock:
+            out, self.pending = self.pending, []
+        return out
+
+    def collect(self, rec):
+        """A record as the controller receives it (from this process or a worker): stored and announced."""
+        with self.lock:
+            self.records.append(rec)
+            self._open()
+            self._write(rec)
+        if self.hook is not None:
+            self.hook.pytest_simplefsdp_cell_result(config=self.config, record=rec)
+
+    def _open(self):
+        if self.jsonl is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.jsonl = open(self.path, "a")
+            for run in self.runs:
+                self._write(run.meta(self.launcher_of(run)))
+                for rec in run.dropped_records():
+                    self._write({"type": str(RecordType.DROPPED), "matrix": run.name, **rec})
+
+    def _write(self, record):
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        os.fsync(self.jsonl.fileno())
+
+    def document(self):
+        """The run as --simplefsdp-json writes it: per matrix file its meta, cells (in matrix order),
+        n/a cells, baselines and mutants."""
+        runs = []
+        for run in self.runs:
+            order = {c.id: i for i, c in enumerate(run.cells)}
+            mine = [r for r in self.records if r["matrix"] == run.name]
+            strip = [{k: v for k, v in r.items() if k not in ("type", "matrix")} for r in mine]
+            cells = sorted((s for r, s in zip(mine, strip) if r["type"] == RecordType.CELL and not r.get("mutant")),
+                           key=lambda r: order.get(r["id"], len(order)))
+            baselines = [s for r, s in zip(mine, strip) if r["type"] == RecordType.BASELINE]
+            mutated = [s for r, s in zip(mine, strip) if r["type"] == RecordType.CELL and r.get("mutant")]
+            meta = run.meta(self.launcher_of(run))
+            meta.pop("type")
+            runs.append({"meta": meta, "cells": cells, "dropped": run.dropped_records(), "baselines": baselines,
+                         **({"mutants": mutated} if mutated else {})})
+        return {"runs": runs}
+
+    def close(self):
+        if self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = None

@@ -1,0 +1,94 @@
+"""The stored run's format, as typed records (pydantic): what ``results.jsonl`` lines and the
+``--simplefsdp-json`` document hold, and what the report tool, the compare step and stored baselines
+read back. Input that does not fit is refused with the file, the record and the field named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..kinds import Device, FailureClass, Mutation, RecordType, Status, Tier
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="allow")  # newer writers may add fields; readers keep them
+
+
+class CellRecord(Record):
+    """One cell's (or baseline's, or mutated run's) judged result: results.CellResult.record() plus its place in
+    the table."""
+
+    id: str
+    axes: dict[str, Any]
+    status: Status
+    failure_class: FailureClass | None = None
+    row: str
+    column: str
+    losses: dict[str, float | None] = {}
+    error_line: str | None = None
+    wall: float = 0.0
+    log_dir: str = ""
+    mutation: Mutation | None = None
+
+
+class DroppedRecord(Record):
+    id: str
+    axes: dict[str, Any]
+    rule: str
+    reason: str
+    row: str
+    column: str
+
+
+class Place(Record):
+    """Where a valid cell of the matrix sits in the table (its model's grid, row and column)."""
+
+    model: str = ""
+    row: str
+    column: str
+
+
+class RunMeta(Record):
+    matrix: str
+    profile: str
+    target: str
+    device: Device
+    launcher: str
+    versions: dict[str, str] = {}
+    date: str = ""
+    cells: int
+    dropped_cells: int = 0
+    tier: Tier = Tier.REAL
+    columns: list[str] = []
+    valid: list[Place] = []  # every valid cell's place, selected or not (older runs: none)
+
+
+class RunRecord(Record):
+    meta: RunMeta
+    cells: list[CellRecord] = []
+    dropped: list[DroppedRecord] = []
+    baselines: list[CellRecord] = []
+    mutants: list[CellRecord] | None = None
+
+
+class RunDoc(Record):
+    runs: list[RunRecord]
+    comparison: dict[str, str] | None = None
+
+
+LINE_KINDS = {RecordType.META: RunMeta, RecordType.CELL: CellRecord, RecordType.BASELINE: CellRecord,
+              RecordType.DROPPED: DroppedRecord}
+
+
+def problem(e: ValidationError) -> str:
+    """The first problem of a validation error: the field's path and what is wrong with it."""
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(the record)"
+    got = f" (got {err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
+    return f"{where}: {err['msg']}{got}"
+
+
+def to_plain(model: BaseModel) -> dict:
+    """Back to the plain JSON the renderers take (enums as their words, absent optional parts left out)."""
+    return model.model_dump(mode="json", exclude_none=False)

@@ -1,0 +1,255 @@
+"""What the built-in targets share: the torchtitan targets' base (versions, assets, degree flags, spelling by
+the installed config, later runs and steps before a cell), the start-up shim's environment, and the checks of a
+matrix's axis values against what a target accepts."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ..judge.evidence import check
+from ..machine import installed, source_checkout
+from ..paths import FIXTURES, SHIM_DIR
+from ..spec.matrix import Matrix, MatrixError
+from ..spec.upstream import options, tokens
+from .flags import Flag, OptionError, read_options, unchecked
+
+FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
+
+
+def merged(flags):
+    """One flag per option: a later flag (a feature's, a later run's) replaces an earlier one of the same name
+    where the earlier stood."""
+    last = {f.name: f for f in flags}
+    seen, out = set(), []
+    for f in flags:
+        if f.name not in seen:
+            seen.add(f.name)
+            out.append(last[f.name])
+    return out
+
+
+def check_values(matrix: Matrix, allowed: dict):
+    for axis, values in matrix.axes.items():
+        if axis not in allowed:
+            raise MatrixError(f"{matrix.where('axes')}: target {matrix.target!r} has no axis {axis!r}; "
+                              f"its axes: {', '.join(allowed)}")
+        choices = allowed[axis]
+        if choices is FILE_DEFINED:
+            continue  # matrix.load_matrix made or checked them
+        for v in values:
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1 if choices is int else v in choices
+            if not ok:
+                expected = "a positive integer" if choices is int else ", ".join(map(str, choices))
+                raise MatrixError(f"{matrix.where('axes')}: axis {axis!r}: unknown value {v!r}; expected {expected}")
+
+
+def shim_env(device, generation):
+    """The start-up shim first on the ranks' path (then the config modules), and on CPU the generation's patches."""
+    env = {"PYTHONPATH": os.pathsep.join([str(SHIM_DIR), str(FIXTURES)])}
+    if device == "cpu":
+        env.update(SIMPLEFSDP_CPU_SHIM=generation, OMP_NUM_THREADS="1")
+    return env
+
+
+def _unsupported(package, supported, target):
+    """An error line when ``package`` is missing or outside the range ``target`` supports; else None."""
+    version = installed(package)
+    if not version:
+        return f"{package} is not installed; target {target} supports {package} {supported} (see README)"
+    try:
+        ok = SpecifierSet(supported, prereleases=True).contains(Version(version))
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        return (f"target {target} supports {package} {supported}, but {package} {version} is installed "
+                f"(torch {installed('torch')}, torchtitan {installed('torchtitan')}); see README, "
+                f"'Two commands for a fresh machine'")
+    return None
+
+
+def checkout_assets(rootdir) -> Path | None:
+    """torchtitan's own test assets (``tests/assets``: its tokenizer and c4 sample), where torchtitan runs from a git
+    checkout: installed editable from one, or the rootdir is one. A wheel ships neither."""
+    for root in (source_checkout("torchtitan"), Path(rootdir)):
+        assets = root / "tests" / "assets" if root else None
+        if assets and (root / "torchtitan").is_dir() and (assets / "tokenizer" / "tokenizer.json").is_file() \
+                and (assets / "c4_test").is_dir():
+            return assets
+    return None
+
+
+class Target:
+    """What every built-in target shares (hookspecs.Target is the interface a plugin's target fills): later runs
+    of a cell (a feature's `then`, an upstream test's runs), steps before it (`before`), its evidence, and
+    nothing to install, prepare or bind."""
+
+    name = ""
+    spelling = "as written in the matrix file"
+    MUTANTS: tuple = ()  # judge.mutants.Mutant: the bugs the target can re-inject (--simplefsdp-mutants)
+
+    def __init__(self, matrix: Matrix):
+        self.matrix = matrix
+
+    def check(self):
+        pass
+
+    def check_installed(self):
+        return None
+
+    def bind(self, cells):
+        pass
+
+    def prepare(self):
+        pass
+
+    def seed_command(self, model, dump_folder):
+        return None  # no seed checkpoint: numerics start from the program's own initialisation
+
+    def runs(self, cell) -> int:
+        """How many trainings the cell is: 1, or more for a feature with `then` runs (save, then resume) and
+        for an upstream test with several runs."""
+        test = self.upstream_test(cell.axes)
+        if test:
+            return len(test.runs)
+        return 1 + len(self.matrix.feature_runs.get(cell.axes.get("feature", "none"), []))
+
+    STEPS = ()  # the steps a feature can run before its cell (`features.<name>.before`)
+
+    def before_steps(self, cell) -> list:
+        """The steps the cell's feature runs first, in order (each one process; see ``step_command``); an upstream
+        precompile test's cell runs its precompile step."""
+        test = self.upstream_test(cell.axes)
+        if test:
+            return ["precompile"] if test.kind == "precompile" and "precompile" in self.STEPS else []
+        return list(self.matrix.feature_before.get(cell.axes.get("feature", "none"), []))
+
+    def check_steps(self):
+        for name, steps in self.matrix.feature_before.items():
+            unknown = [s for s in steps if s not in self.STEPS]
+            if unknown:
+                raise MatrixError(f"{self.matrix.where('features')}: features.{name}.before: target {self.name} has "
+                                  f"no step {', '.join(unknown)} (its steps: {', '.join(self.STEPS) or 'none'})")
+
+    def upstream_test(self, axes):
+        """The upstream test a cell of a ``source: upstream`` matrix runs, else None."""
+        return self.matrix.upstream.get(axes.get("upstream")) if self.matrix.upstream else None
+
+    LOADED = "Finished loading the checkpoint"  # what torchtitan 0.2 and 0.3 log once a checkpoint is in (fakes too)
+
+    def loaded_checkpoint(self, log_text: str) -> bool:
+        return self.LOADED in log_text
+
+    def evidence_plan(self, cell):
+        """What the run must show for the cell's label: [evidence.Expect] (none here)."""
+        return []
+
+    def evidence(self, cell, log_dir: Path):
+        """What the run left behind that shows the cell's label took effect (see judge.evidence)."""
+        return check(self.evidence_plan(cell), log_dir)
+
+    def losses(self, dump_folder: Path):
+        return {}
+
+
+class TorchtitanTarget(Target):
+    """What both torchtitan generations share: versions, assets, degree flags, spelling by the installed config."""
+
+    SUPPORTS: dict = {}  # package -> version range this target runs against
+    AXES: dict = {}
+    MODEL_KEYS: tuple = ()
+    MODEL_OPTIONAL: tuple = ()
+    DEGREE_FLAGS: dict = {}
+    WRITTEN_AS = ""  # the torchtitan release whose option names the target writes
+
+    def __init__(self, matrix: Matrix, cache_dir: Path):
+        super().__init__(matrix)
+        self.cache_dir = Path(cache_dir)
+        self.checkout_assets = checkout_assets(self.cache_dir.parent)  # (cache_dir: <rootdir>/.simplefsdp)
+        self.assets = self.checkout_assets or self.cache_dir / "assets"
+        self.dataset, self.tokenizer = str(self.assets / "c4_test"), str(self.assets / "tokenizer")
+        self.options = {}  # job config -> Options of the installed torchtitan (see bind)
+
+    def check(self):
+        check_values(self.matrix, self.AXES)
+        for model, facts in self.matrix.models.items():
+            unknown = set(facts or {}) - set(self.MODEL_KEYS) - set(self.MODEL_OPTIONAL)
+            if unknown:
+                raise MatrixError(f"{self.matrix.where('models')}: models.{model}: unknown keys {sorted(unknown)}; "
+                                  f"allowed: {', '.join(self.MODEL_KEYS + self.MODEL_OPTIONAL)}")
+        for model in self.matrix.axes.get("model", []):
+            facts = self.matrix.models.get(model)
+            missing = [k for k in self.MODEL_KEYS if not (facts or {}).get(k)]
+            if missing:
+                raise MatrixError(f"{self.matrix.where('models')}: models.{model} needs {', '.join(missing)} "
+                                  f"(target {self.name})")
+
+    def check_installed(self):
+        """An error line when torchtitan or torch is missing or outside the supported range."""
+        return next((p for p in (_unsupported(pkg, spec, self.name) for pkg, spec in self.SUPPORTS.items()) if p),
+                    None)
+
+    def prepare(self):
+        """Generate the deterministic dataset and tokenizer once per cache folder (fixtures/assets.py), unless
+        torchtitan runs from a checkout that has its own."""
+        if self.checkout_assets:
+            return
+        spec = importlib.util.spec_from_file_location("simplefsdp_assets", FIXTURES / "assets.py")
+        assets = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(assets)
+        assets.ensure_assets(self.assets)
+
+    def job_configs(self, cells):
+        """The job configs (keys of ``options``) the cells start from."""
+        return {self.job_config(c.axes) for c in cells}
+
+    def bind(self, cells):
+        """Read the installed torchtitan's options for every job config the cells use, and spell every
+        cell's flags once, so a value it cannot express fails here, naming the axis and the option."""
+        version = installed("torchtitan")
+        env = shim_env(self.matrix.device, self.name)
+        for key in sorted(self.job_configs(cells), key=str):
+            module, config = key
+            label = f"{module}.{config}" if module else "JobConfig"
+            self.options[key] = read_options(module, config, env, f"torchtitan {version} ({label})")
+        for cell in cells:
+            try:
+                self.spell(cell.axes, self.flags(cell, Path("dump"), Path("seed")))
+            except OptionError as e:
+                raise MatrixError(f"{cell.where}: cell {cell.id}: {e.flag.source}: {e}") from None
+
+    def spell(self, axes, flags):
+        options = self.options.get(self.job_config(axes))
+        return options.spell(flags) if options else unchecked(flags)
+
+    @property
+    def spelling(self):
+        """How flags are spelled: read from the installed torchtitan, or as the target writes them."""
+        if self.options:
+            return next(iter(self.options.values())).origin.split(" (")[0]
+        return f"torchtitan {self.WRITTEN_AS} option names, unchecked (this target's torchtitan is not installed)"
+
+    def degree_flags(self, axes):
+        flags = [Flag(f"parallelism.{flag}", axes[axis], f"axis {axis}={axes[axis]}")
+                 for axis, flag in self.DEGREE_FLAGS.items() if axis in axes]
+        if axes.get("pp", 1) > 1:
+            flags.append(Flag("parallelism.pipeline_parallel_schedule", axes["pp_schedule"],
+                              f"axis pp_schedule={axes['pp_schedule']}"))
+        return flags
+
+    def feature_options(self, axes, run=0):
+        """The options the cell's `feature` (matrix key `features`) sets in its run ``run`` (0: the first),
+        as written there; a later run's override the first's."""
+        name = axes.get("feature", "none")
+        words = [*self.matrix.features.get(name, []), *(self.matrix.feature_runs[name][run - 1] if run else [])]
+        return options(tokens(words))
+
+    def feature_flags(self, axes, run=0):
+        name = axes.get("feature", "none")
+        return [Flag(key, value, f"feature {name}" + (f" run {run + 1}" if run else ""))
+                for key, value in self.feature_options(axes, run).items()
+                if key != "config"]  # (the config is the job config the command starts from: job_config)

@@ -1,0 +1,147 @@
+"""Between cells and launch: a torchtitan cell's flags, spelled the way the installed torchtitan takes them.
+
+A torchtitan target writes every flag under its torchtitan 0.3.0 name (``training.seq_len``) and
+says where it comes from (an axis value or a setting). What the installed torchtitan accepts is read
+from its own job config: the dataclass that the ``--module/--config`` function returns (0.3), or
+``JobConfig`` (0.2), walked field by field in a subprocess of the ranks' Python (shim/options.py). A flag the installed
+torchtitan lacks is renamed where a known rename exists (torchtitan PR 4121 counts batches in tokens:
+``training.seq_len`` became ``training.max_context_length``, ...), and is otherwise an error that names
+the axis or setting, its value and the option.
+
+The table is read by ``python -m pytest_simplefsdp.shim.options [--module M --config C]`` in the ranks' Python
+(it prints the option table of the installed torchtitan as JSON), and cached by what it depends on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..machine import installed
+from ..paths import PACKAGE, cache_root
+from ..shim import options as probe
+from ..shim.options import ANY
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option of a cell's command, under its torchtitan 0.3.0 name."""
+
+    name: str  # dotted, e.g. "training.seq_len"
+    value: object = True  # True: a bare switch (--training.disable_cuda_graphs)
+    source: str = ""  # what asked for it, for error lines: "axis backend=inductor", "setting seq_len"
+
+
+@dataclass(frozen=True)
+class Rename:
+    """An option torchtitan renamed after 0.3.0; ``convert`` maps the old value, given the cell's flags."""
+
+    old: str
+    new: str
+    convert: Callable[[object, dict], object]
+    why: str
+
+
+def _tokens(value, flags):
+    return int(value) * int(flags["training.seq_len"].value)
+
+
+RENAMES = {r.old: r for r in (
+    Rename("training.seq_len", "training.max_context_length", lambda v, f: v, "torchtitan PR 4121"),
+    Rename("training.local_batch_size", "training.num_tokens_per_microbatch_per_dp_rank", _tokens,
+           "torchtitan PR 4121: batches counted in tokens (local batch x seq_len)"),
+    Rename("training.global_batch_size", "training.num_tokens_per_train_step", _tokens,
+           "torchtitan PR 4121: batches counted in tokens (global batch x seq_len)"),
+    Rename("parallelism.pipeline_parallel_microbatch_size", "parallelism.num_pp_microbatches",
+           lambda v, f: int(f["training.local_batch_size"].value) // int(v),
+           "torchtitan PR 4121: microbatches counted, not sized"),
+)}
+
+
+class OptionError(Exception):
+    """A flag the installed torchtitan cannot express; ``flag`` says where it came from."""
+
+    def __init__(self, flag: Flag, message: str):
+        super().__init__(message)
+        self.flag = flag
+
+
+@dataclass(frozen=True)
+class Options:
+    """The options one torchtitan job config accepts: dotted name -> its choices (None: any value)."""
+
+    names: dict
+    origin: str  # e.g. "torchtitan 0.3.0 (titan03_configs.llama3_debugmodel_cpu)"
+
+    def spell(self, flags: list[Flag]) -> list[str]:
+        """argv for the flags; raises OptionError for one this torchtitan has no spelling of."""
+        by_name = {f.name: f for f in flags}
+        argv = []
+        for flag in flags:
+            name, value = flag.name, flag.value
+            if name not in self.names and name in RENAMES and RENAMES[name].new in self.names:
+                rename = RENAMES[name]
+                name, value = rename.new, rename.convert(value, by_name)
+            if name not in self.names:
+                raise OptionError(flag, f"needs --{flag.name}, which {self.origin} does not have")
+            choices = self.names[name]
+            if choices is not ANY and value is not True and str(value) not in choices:
+                raise OptionError(flag, f"--{name} {value}: {self.origin} accepts {', '.join(choices)}")
+            argv += _argv(name, value)
+        return argv
+
+
+def unchecked(flags: list[Flag]) -> list[str]:
+    """argv as the target wrote it, for a dry run where the target's torchtitan is not installed."""
+    return [a for f in flags for a in _argv(f.name, f.value)]
+
+
+def _argv(name, value):
+    return [f"--{name}"] if value is True else [f"--{name}", str(value)]
+
+
+def _cache_key(python, module, config, env):
+    """What the option table depends on: the Python, torchtitan's version and files, the config module."""
+    spec = importlib.util.find_spec("torchtitan")
+    parts = [python, module or "", config or "", env.get("PYTHONPATH", "")]
+    if spec and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+        parts.append(str(root))
+        files = [*root.glob("config/*.py"), *root.glob("experiments/*/configs.py"),
+                 *root.glob("experiments/*/*/config_registry.py")]
+        parts += [f"{p}:{p.stat().st_mtime_ns}" for p in sorted(files)]
+        parts.append(installed("torchtitan"))
+    for folder in env.get("PYTHONPATH", "").split(os.pathsep):
+        for p in sorted(Path(folder).glob("*.py")) if folder else []:
+            parts.append(f"{p}:{p.stat().st_mtime_ns}")
+    parts.append(str(Path(probe.__file__).stat().st_mtime_ns))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def read_options(module, config, env: dict, origin: str) -> Options:
+    """The installed torchtitan's options for one config, cached by what they depend on."""
+    # the ranks' path (the target's folders, then the user's: see launch) and this package for the probe
+    path = [p for p in (env.get("PYTHONPATH", ""), os.environ.get("PYTHONPATH", "")) if p]
+    full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
+    key = _cache_key(sys.executable, module, config, full_env)
+    cached = cache_root() / "options" / f"{key}.json"
+    if cached.exists():
+        return Options(json.loads(cached.read_text()), origin)
+    argv = [sys.executable, "-m", "pytest_simplefsdp.shim.options"]
+    argv += [*(["--module", module] if module else []), *(["--config", config] if config else [])]
+    full_env["PYTHONPATH"] = os.pathsep.join([*path, str(PACKAGE.parent)])
+    proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=600)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"reading the options of {origin} failed: {tail[0]}")
+    names = json.loads(proc.stdout.strip().splitlines()[-1])
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(names))
+    return Options(names, origin)

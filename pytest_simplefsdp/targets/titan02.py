@@ -1,0 +1,101 @@
+"""The ``titan02`` target: torchtitan 0.2.x ``experiments/simple_fsdp``, the seed era of autumn 2025."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..commands import RankCommand
+from ..paths import FIXTURES
+from ..spec.upstream import options
+from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
+from .flags import Flag
+from .titan03 import Titan03
+
+
+class Titan02(TorchtitanTarget):
+    """torchtitan 0.2.x, ``torchtitan.experiments.simple_fsdp`` (the seed era of autumn 2025).
+
+    TOML job config (ours: fixtures/titan02_debugmodel.toml), ``--model.name simple_fsdp.<model>``,
+    ``--compile.enable``, ``--activation_checkpoint.mode``, a separate expert-TP degree; flags are
+    checked against the installed ``JobConfig``. Numerics are not wired for 0.2 (no seed checkpoint)."""
+
+    name = "titan02"
+    WRITTEN_AS = "0.2.0"
+    # torchtitan 0.2.0 (2025-10-18) was tested on the torch nightly of its day, which 2.9.x predates (its
+    # code needs dynamo's DeviceMesh.mesh_dim_names, pytorch PR 164200): 2.10 is the nearest release
+    SUPPORTS = {"torchtitan": ">=0.2.0,<0.3", "torch": ">=2.10,<2.11"}
+    AXES = {
+        "model": ("llama3", "deepseek_v3"),
+        "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "etp": int, "cp": int, "pp": int,
+        "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "GPipe", "ZBVZeroBubble"),
+        "compile": ("eager", "compiled"),
+        "backend": ("aot_eager", "inductor"),
+        "ac": ("none", "selective", "op", "full"),  # op: selective AC per op (--activation_checkpoint.selective_ac_option op)
+        "feature": FILE_DEFINED,
+        "upstream": FILE_DEFINED,
+    }
+    MODEL_KEYS = ("name", "flavor")
+    MODEL_OPTIONAL = ("moe",)
+    DEGREE_FLAGS = {**Titan03.DEGREE_FLAGS, "etp": "expert_tensor_parallel_degree"}
+    JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
+
+    def seed_command(self, model, dump_folder: Path):
+        return None  # numerics are not wired for 0.2: its matrix files have no `numerics`
+
+    CUSTOM_CONFIG = "torchtitan.experiments.simple_fsdp.job_config"  # what every upstream simple_fsdp test passes
+
+    def job_config(self, axes):
+        return None, self.CUSTOM_CONFIG  # one JobConfig for every cell, with simple_fsdp's options merged in
+
+    OURS = {"job.config_file", "model.hf_assets_path", "training.dataset_path", "job.dump_folder",
+            "training.local_batch_size", "training.seq_len", "metrics.log_freq"}
+
+    def flags(self, cell, dump_folder: Path, seed_folder=None, run=0):
+        a, s = cell.axes, self.matrix.settings
+        test = self.upstream_test(a)
+        custom = Flag("job.custom_config_module", self.CUSTOM_CONFIG, "target")
+        ours = [*self.run_flags(s.get("steps", 3), s.get("local_batch_size", 2)),
+                Flag("job.dump_folder", dump_folder, "target")]
+        if test:  # our job config and run settings, upstream's flags of that run on top
+            flags = [Flag("job.config_file", self.JOB_TOML, "target"), custom, *ours]
+            return merged(flags + [Flag(k, v, f"upstream {test.name} run {run + 1}")
+                                   for k, v in options(test.runs[run]).items() if k not in self.OURS])
+        facts = self.matrix.models[a["model"]]
+        flags = [Flag("job.config_file", self.JOB_TOML, "target"), custom,
+                 Flag("model.name", facts["name"], f"model {a['model']}"),
+                 Flag("model.flavor", facts["flavor"], f"model {a['model']}"), *self.degree_flags(a)]
+        if a.get("compile", "eager") == "compiled":
+            backend = a.get("backend", s.get("compile_backend", "aot_eager"))
+            flags += [Flag("compile.enable", True, "axis compile=compiled"), Flag("compile.backend", backend, f"backend {backend}")]
+        ac = a.get("ac", "none")
+        flags.append(Flag("activation_checkpoint.mode", "selective" if ac == "op" else ac, f"axis ac={ac}"))
+        if ac == "op":
+            flags.append(Flag("activation_checkpoint.selective_ac_option", "op", "axis ac=op"))
+        return merged(flags + ours + self.feature_flags(a, run))
+
+    def run_flags(self, steps, local_batch):
+        """Titan03.run_flags in 0.2's spelling (its seed and assets options sit in other sections)."""
+        s = self.matrix.settings
+        return [
+            Flag("training.steps", steps, "setting steps"),
+            Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
+            Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
+            Flag("training.seed", s.get("seed", 42), "setting seed"), Flag("training.deterministic", True, "target"),
+            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
+            Flag("model.hf_assets_path", self.tokenizer, "target"), Flag("training.dataset_path", self.dataset, "target"),
+        ]
+
+    def command(self, cell, dump_folder: Path, run=0, **_):
+        args = [*self.spell(cell.axes, self.flags(cell, dump_folder, run=run)),
+                *map(str, self.matrix.settings.get("extra_args", []))]
+        env = shim_env(self.matrix.device, self.name)
+        if cell.axes.get("compile") == "compiled":
+            env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
+        test = self.upstream_test(cell.axes)
+        name = options(test.flags).get("model.name") if test else self.matrix.models[cell.axes["model"]]["name"]
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env,
+                           preload=[f"torchtitan.experiments.{name}"], unforkable=self.UNFORKABLE)
+
+    # the fork server imports the config manager once; 0.2 binds its arguments then (0.3 reads them per call)
+    UNFORKABLE = "torchtitan 0.2's ConfigManager.parse_args binds sys.argv[1:] when it is imported"

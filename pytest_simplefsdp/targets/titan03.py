@@ -1,0 +1,281 @@
+"""The ``titan03`` target: torchtitan 0.3.x ``graph_trainer`` (SimpleFSDP inside) through
+``python -m torchtitan.train``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..commands import RankCommand
+from ..judge.evidence import Expect, inductor_codegen
+from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
+from ..spec.matrix import MatrixError
+from ..spec.upstream import options
+from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
+from .flags import Flag
+
+
+class Titan03(TorchtitanTarget):
+    """torchtitan 0.3.x, ``torchtitan.experiments.graph_trainer`` (SimpleFSDP inside).
+
+    Flags are written under their torchtitan 0.3.0 names and spelled by the installed torchtitan's
+    own job config (``titan_options``), so a torchtitan checkout with renamed options runs unchanged.
+    The ``backend`` axis says what compiles the whole graph: ``aot_eager`` (nothing: on aot_fx_trace,
+    torchtitan's ``regional`` inductor compiles only tagged regions such as FlexAttention) or
+    ``inductor`` (aot_fx_trace: ``--compile.inductor_compilation full``; jit: ``--compile.backend``).
+    """
+
+    name = "titan03"
+    WRITTEN_AS = "0.3.0"
+    MUTANTS = TITAN03_MUTANTS
+    # the torch torchtitan 0.3.0 was released against (2.14) and what its development line moves to
+    SUPPORTS = {"torchtitan": ">=0.3.0,<0.5", "torch": ">=2.14,<2.16"}
+    AXES = {
+        "model": ("llama3", "deepseek_v3", "qwen3", "muse_glimmer"),
+        "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "cp": int, "pp": int,
+        "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV", "GPipe",
+                        "InterleavedZeroBubble", "LoopedBFS"),
+        "compile": ("eager", "aot_fx_trace", "jit"),
+        "backend": ("aot_eager", "inductor"),
+        "memory_policy": ("none", "default", "full", "eager", "sac_and_offload"),
+        # fsdp2: torchtitan's core Trainer (FSDP2, eager) on the model's fsdp2_config, the reference that
+        # upstream's graph_trainer/tests/test_numerics.py holds SimpleFSDP to
+        "trainer": ("simplefsdp", "fsdp2"),
+        "feature": FILE_DEFINED,  # names of the matrix's `features`: flags upstream tests set beyond the axes
+        "upstream": FILE_DEFINED,  # source: upstream: the name of the upstream test a cell runs
+    }
+    MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
+    MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config")
+    TRAINER_CLASS = {"simplefsdp": "GraphTrainer", "fsdp2": "Trainer"}
+    DEGREE_FLAGS = {
+        "dp_replicate": "data_parallel_replicate_degree",
+        "dp_shard": "data_parallel_shard_degree",
+        "tp": "tensor_parallel_degree",
+        "ep": "expert_parallel_degree",
+        "cp": "context_parallel_degree",
+        "pp": "pipeline_parallel_degree",
+    }
+
+    # --- flags ----------------------------------------------------------------------------
+
+    def job_config(self, axes):
+        """(module, config) the trainer starts from for a cell (or for a model's seed: axes {model})."""
+        test = self.upstream_test(axes)
+        if test:  # upstream's own module and config; on the trace tier the CPU twin of a debug config
+            o = options(test.flags)
+            facts = self.matrix.models.get(axes["model"], {})
+            if self.matrix.tier == "trace" and not axes.get("config") and facts.get("config"):
+                return facts["module"], facts["config"]
+            return str(o.get("module")), str(o.get("config"))
+        facts = self.matrix.models[axes["model"]]
+        config = facts["config"]
+        named = self.feature_options(axes).get("config")
+        if named:  # a feature that runs another config of the model (upstream's HybridEP, MinimalAsyncEP, 8B, ...)
+            return facts["module"], named
+        if axes.get("trainer") == "fsdp2":
+            if not facts.get("fsdp2_config"):
+                raise MatrixError(f"{self.matrix.where('models')}: model {axes['model']!r} has no fsdp2_config, "
+                                  f"which trainer=fsdp2 cells run")
+            return facts["module"], facts["fsdp2_config"]
+        if axes.get("pp", 1) > 1 and axes.get("compile", "aot_fx_trace") != "aot_fx_trace" and facts.get("eager_pp_config"):
+            config = facts["eager_pp_config"]  # GraphPP needs aot_fx_trace; otherwise the eager splitter
+        elif axes.get("cp", 1) > 1 and facts.get("cp_config"):
+            config = facts["cp_config"]
+        return facts["module"], config
+
+    def job_configs(self, cells):
+        configs = super().job_configs(cells)
+        if self.matrix.numerics:  # the seed checkpoints start from the model's own config
+            configs |= {self.job_config({"model": m}) for m in {c.axes["model"] for c in cells}}
+        return configs
+
+    def compile_flags(self, axes):
+        mode = axes.get("compile", "aot_fx_trace")
+        if axes.get("trainer") == "fsdp2":  # the core Trainer's config has no compile.mode: eager by default
+            return []
+        if mode == "eager":
+            return [Flag("compile.mode", "None", "axis compile=eager")]
+        backend = axes.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
+        source = f"axis backend={backend}" if "backend" in axes else f"setting compile_backend={backend}"
+        flags = [Flag("compile.mode", mode, f"axis compile={mode}")]
+        if mode == "jit":
+            flags.append(Flag("compile.backend", backend, source))
+        else:  # aot_fx_trace reads no backend: inductor is the compilation strategy of the traced graph
+            flags.append(Flag("compile.inductor_compilation", "full" if backend == "inductor" else "regional", source))
+        if axes.get("memory_policy", "none") != "none":
+            flags.append(Flag("compile.memory_policy", axes["memory_policy"], f"axis memory_policy={axes['memory_policy']}"))
+        return flags
+
+    def run_flags(self, steps, local_batch):
+        """Our run settings and where the assets are (steps and batch given: upstream runs and numerics set them)."""
+        s = self.matrix.settings
+        return [
+            Flag("training.steps", steps, "setting steps"),
+            Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
+            Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
+            Flag("debug.seed", s.get("seed", 42), "setting seed"), Flag("debug.deterministic", True, "target"),
+            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
+            Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
+        ]
+
+    # what an upstream test's flags may not change here: where the assets and dump are, the CPU-sized shapes
+    OURS = {"module", "config", "hf_assets_path", "dataloader.dataset_path", "dump_folder",
+            "training.local_batch_size", "training.seq_len", "metrics.log_freq"}
+
+    def upstream_flags(self, cell, dump_folder: Path, run=0):
+        """An upstream test's run: our run settings, then upstream's flags of that run on top (its later runs'
+        training.steps, degrees and checkpoint options included)."""
+        test, s = self.upstream_test(cell.axes), self.matrix.settings
+        flags = self.run_flags(s.get("steps", 3), s.get("local_batch_size", 2))
+        flags.append(Flag("dump_folder", dump_folder, "target"))
+        if self.matrix.device == "cpu":
+            flags.append(Flag("training.disable_cuda_graphs", True, "target"))
+        if self.matrix.tier == "trace":
+            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
+        flags += [Flag(key, value, f"upstream {test.name} run {run + 1}") for key, value in options(test.runs[run]).items()
+                  if key not in self.OURS]
+        return merged(flags + self.artifact_flags(cell, dump_folder))
+
+    def artifact_flags(self, cell, dump_folder: Path):
+        """Where the precompile step writes its artifact and the cell's ranks load it: the cell's own folder
+        (upstream's tests name a temporary folder)."""
+        if "precompile" not in self.before_steps(cell):
+            return []
+        return [Flag("compile.precompile_artifact_dir", Path(dump_folder).parent / "precompile_artifact",
+                     "step precompile")]
+
+    def flags(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0):
+        a, s = cell.axes, self.matrix.settings
+        if self.upstream_test(a):
+            return self.upstream_flags(cell, dump_folder, run)
+        flags = [*self.degree_flags(a), *self.compile_flags(a)]
+        if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
+            flags.append(Flag("training.disable_cuda_graphs", True, "target"))
+        local_batch = s.get("local_batch_size", 2)
+        if self.matrix.numerics:  # comparable runs: one global batch, one seed checkpoint
+            gbs = self.matrix.numerics.global_batch_size
+            local_batch = max(1, gbs // (a.get("dp_replicate", 1) * a.get("dp_shard", 1)))
+            flags += [Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
+                      Flag("metrics.enable_tensorboard", True, "numerics")]
+            if seed_folder is not None and self.runs(cell) == 1:  # (a resumed cell loads its own checkpoint)
+                flags += [Flag("checkpoint.enable", True, "numerics"),
+                          Flag("checkpoint.initial_load_path", seed_folder / "checkpoint" / "step-0", "numerics"),
+                          Flag("checkpoint.load_only", True, "numerics")]
+        flags += self.run_flags(s.get("steps", 3), local_batch)
+        flags.append(Flag("dump_folder", dump_folder, "target"))
+        if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
+            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
+        flags += self.artifact_flags(cell, dump_folder)
+        return merged(flags + self.feature_flags(a, run))  # last: a feature (and its later runs) has the last word
+
+    def baseline_axes(self, axes):
+        """A cell's numerics baseline: same model and data-parallel degree (so the same data
+        shards), SimpleFSDP alone (every other degree 1), plus the matrix's baseline values."""
+        base = {axis: (1 if axis in self.DEGREE_FLAGS else value) for axis, value in axes.items()}
+        base["dp_shard"] = axes.get("dp_replicate", 1) * axes.get("dp_shard", 1)
+        if "pp_schedule" in base:
+            base["pp_schedule"] = "none"
+        base.update(self.matrix.numerics.baseline)
+        return base
+
+    def seed_command(self, model, dump_folder: Path):
+        """One rank that writes the seed checkpoint every cell of ``model`` starts from."""
+        module, config = self.job_config({"model": model})
+        flags = [Flag("compile.mode", "None", "target"), Flag("training.disable_cuda_graphs", True, "target"),
+                 Flag("checkpoint.enable", True, "target"), Flag("checkpoint.create_seed_checkpoint", True, "target"),
+                 Flag("debug.seed", self.matrix.settings.get("seed", 42), "setting seed"),
+                 Flag("debug.deterministic", True, "target"),
+                 Flag("parallelism.data_parallel_shard_degree", 1, "target"),
+                 Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
+                 Flag("dump_folder", dump_folder, "target")]
+        argv = ["--module", module, "--config", config, *self.spell({"model": model}, flags)]
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *argv], shim_env(self.matrix.device, self.name))
+
+    def losses(self, dump_folder: Path):
+        """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
+        return tensorboard_losses(dump_folder)
+
+    MESH_AXES = ("dp_replicate", "cp", "tp", "pp", "ep")  # built as 1-D meshes of these names when > 1
+
+    def evidence_plan(self, cell):
+        """From the shim's probe (the job config torchtitan parsed, the ParallelDims and meshes it built):
+        every degree as asked, a mesh axis of that size for each parallelism, the compile mode, memory
+        policy, inductor strategy or backend, and the PP schedule."""
+        a, plan = cell.axes, []
+        for axis in self.DEGREE_FLAGS:
+            if axis in a:
+                plan.append(Expect(f"{axis}={a[axis]}", f"degrees.{axis}", str(a[axis])))
+                if axis in self.MESH_AXES:
+                    plan.append(Expect(f"{axis}={a[axis]}", f"mesh.{axis}", str(a[axis]), default="1"))
+        mode = a.get("compile", "aot_fx_trace")
+        plan.append(Expect(f"compile={mode}", "config.compile.mode", "None" if mode == "eager" else mode))
+        trainer = a.get("trainer", "simplefsdp")
+        plan.append(Expect(f"trainer={trainer}", "config.trainer", self.TRAINER_CLASS[trainer]))
+        if mode == "aot_fx_trace":  # configured is not done: the step ran a traced forward+backward graph
+            plan.append(Expect(f"compile={mode}", "graph.traced", "yes", default="no"))
+        for flag in self.compile_flags(a)[1:]:  # inductor strategy or backend, memory policy
+            plan.append(Expect(flag.source.removeprefix("axis ").removeprefix("setting "), f"config.{flag.name}",
+                               str(flag.value)))
+        if a.get("pp", 1) > 1:
+            plan.append(Expect(f"pp_schedule={a['pp_schedule']}", "config.parallelism.pipeline_parallel_schedule",
+                               a["pp_schedule"]))
+        return plan
+
+    def evidence(self, cell, log_dir: Path):
+        """The probe's evidence and, for an inductor cell, inductor's output code in the compile trace."""
+        found = super().evidence(cell, log_dir)
+        a = cell.axes
+        if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and self.matrix.tier == "real":
+            found.append(inductor_codegen(Path(log_dir) / "torch_trace"))
+        return found
+
+    def command(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0, **_):
+        module, config = self.job_config(cell.axes)
+        flags = self.flags(cell, dump_folder, seed_folder, run)
+        args = ["--module", module, "--config", config, *self.spell(cell.axes, flags)]
+        args += [str(x) for x in self.matrix.settings.get("extra_args", [])]
+        env = shim_env(self.matrix.device, self.name)
+        env["SIMPLEFSDP_PROBE"] = "titan03"  # the shim records what torchtitan really used (evidence_plan)
+        if self.matrix.tier == "real":  # every optimizer step's exact invariants (judge.invariants)
+            env["SIMPLEFSDP_INVARIANTS"] = "1"
+        if self.matrix.numerics and self.matrix.tier == "real":  # per-parameter norms for numerics.compare_params
+            env["SIMPLEFSDP_GRAD_PROBE"] = "1"
+        if self.matrix.tier == "trace":
+            env["NGPU"] = str(cell.world)
+        if cell.axes.get("compile", "aot_fx_trace") != "eager":  # structured compile trace: tlparse, evidence
+            env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
+        preload = [f"torchtitan.experiments.{module}.config_registry" if module.startswith("graph_trainer.")
+                   else module]
+        # a precompiled artifact is rank-agnostic: every rank loads it as local rank 0 of its own GPU (upstream's
+        # run_train_precompile.sh passes torchrun --virtual-local-rank)
+        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env, preload=preload,
+                           virtual_local_rank="precompile" in self.before_steps(cell))
+
+    STEPS = ("precompile",)
+
+    def step_command(self, cell, step, dump_folder: Path, seed_folder: Path | None = None):
+        """``precompile``: graph_trainer's precompile_main, one process over a fake process group of the cell's
+        world, writes the compiled artifact the cell's training then loads (upstream's run_precompile_tests.py,
+        step 1). Same flags as the training; upstream's tool builds on cuda:0, so this runs on a GPU only."""
+        train = self.command(cell, dump_folder, seed_folder)
+        return RankCommand([sys.executable, "-m", "torchtitan.experiments.graph_trainer.precompile_main",
+                            *train.argv[3:]], dict(train.env), preload=train.preload)
+
+
+def tensorboard_losses(dump_folder: Path, tag="loss_metrics/global_avg_loss"):
+    """Full-precision losses from torchtitan's TensorBoard events (the log prints 5 decimals)."""
+    files = sorted(Path(dump_folder).rglob("events.out.tfevents.*"))
+    if not files:
+        return {}
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return {}
+    losses = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            for event in acc.Scalars(tag):
+                losses[int(event.step)] = float(event.value)
+    return losses
