@@ -15,6 +15,7 @@ import pytest
 
 from .kinds import Tier
 from .paths import MATRIX_DIR
+from .versions.sets import VersionError, parse
 
 GROUP = ("simplefsdp", "SimpleFSDP composability matrix (pytest-simplefsdp)")
 
@@ -40,8 +41,10 @@ def whole(name, value):
     return None if number is None else int(number)
 
 
-def one_of(*choices):
+def one_of(*choices, optional=False):
     def check(name, value):
+        if optional and value in (None, ""):
+            return None
         if value not in choices:
             raise pytest.UsageError(f"--simplefsdp-{name}: unknown value {value!r}; known: {', '.join(choices)}")
         return value
@@ -105,6 +108,28 @@ def output_dir(name, value):
         raise pytest.UsageError(f"--simplefsdp-{name}: {value}: is a file; name a folder")
     _writable(name, p / "x")
     return p
+
+
+def version_set(name, value):
+    """A version set (versions.sets.parse), checked now; its label, or None where unset."""
+    if value in (None, ""):
+        return None
+    try:
+        return parse(value).label()
+    except VersionError as e:
+        raise pytest.UsageError(f"--simplefsdp-{name}={value}: {e}") from None
+
+
+def version_sets(name, values):
+    return [version_set(name, v) for v in values or []]
+
+
+def existing_dir(name, value):
+    if not value:
+        return None
+    if not Path(value).is_dir():
+        raise pytest.UsageError(f"--simplefsdp-{name}: {value}: no such folder")
+    return Path(value)
 
 
 def text(name, value):
@@ -253,6 +278,31 @@ OPTIONS = [
                                    "expected wall time, from the newest stored run of each profile, else an "
                                    "estimate per cell size; launches nothing, writes nothing", plan_devices,
            const="visible", metavar="N"),
+    Option("versions", "args", [], "run every selected cell on this version set (repeatable): torch==2.15.0, several "
+                                   "pins comma-separated (torch==2.15.0,torchtitan==0.3.0), torchtitan@<commit> (of "
+                                   "--simplefsdp-torchtitan-repo), or installed (the environment pytest runs in); each "
+                                   "set runs in an environment of its own, built with uv and kept under "
+                                   ".simplefsdp/envs/ (--simplefsdp-fresh builds it again)", version_sets,
+           metavar="SET"),
+    Option("twin", "string", None, "run every selected cell on the installed versions and on this version set "
+                                   "(torch==2.15.0) side by side, and print the twin table: the cells whose verdict, "
+                                   "failure signature or numerics differ", version_set, metavar="SET"),
+    Option("bisect", "string", None, "after the run, bisect each new failure (with -k: each failing selected cell) "
+                                     "over the versions of this package (torch or torchtitan) to the window where it "
+                                     "starts (or stops) failing with its signature; prints the table, writes an issue "
+                                     "body beside the run, and the window into the cell's known-failures entry under "
+                                     "--simplefsdp-update-known-failures", one_of("torch", "torchtitan", optional=True),
+           metavar="torch|torchtitan"),
+    Option("bisect-versions", "string", None, "the ordered versions to bisect over: a comma list (2.9.1,2.10.0), a "
+                                              "range of the index's releases (>=2.9,<2.11; default: the last 8 minor "
+                                              "releases up to the newest), a folder of wheels or an index URL "
+                                              "(nightlies); for torchtitan: GOOD..BAD commits of "
+                                              "--simplefsdp-torchtitan-repo", metavar="LIST"),
+    Option("confirm", "string", "2", "runs that must agree before a bisection probe counts, and before a new failure "
+                                     "is reported as new (a cell that passes in one of them is reported as flaky, "
+                                     "with its pass rate)", whole, metavar="N", matrix_only=False),
+    Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets and "
+                                              "--simplefsdp-bisect=torchtitan name", existing_dir, metavar="PATH"),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
                                                    "for new failures (with a placeholder link to fill in), remove "
                                                    "entries whose cells all passed; other entries, their order and "
@@ -286,6 +336,12 @@ class Settings:
     mutants: str | None
     coverage: Path | None
     plan: int | str | None
+    versions: list
+    twin: str | None
+    bisect: str | None
+    bisect_versions: str | None
+    confirm: int
+    torchtitan_repo: Path | None
     update_known_failures: bool
 
     @classmethod
@@ -293,7 +349,16 @@ class Settings:
         values = read(config, OPTIONS)
         if values["plan"] is not None:  # a plan launches nothing, as a dry run
             values["dry_run"] = True
+        values["confirm"] = values["confirm"] or 2
+        if values["twin"] and values["versions"]:
+            raise pytest.UsageError("--simplefsdp-twin runs the installed versions and one more set; "
+                                    "--simplefsdp-versions names every set itself: give one of the two")
         return cls(**values)
+
+    @property
+    def version_sets(self) -> list:
+        """The labels of the version sets every cell runs on ([]: the installed versions only)."""
+        return ["installed", self.twin] if self.twin else list(self.versions)
 
     @property
     def log_limit_bytes(self) -> int:

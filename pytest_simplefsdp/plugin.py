@@ -122,7 +122,7 @@ def simplefsdp_cell(request):
         except MatrixError as e:
             raise pytest.UsageError(str(e)) from None
         request.config.add_cleanup(state.store.close)
-        request.config.add_cleanup(state.close)
+        request.config.add_cleanup(state.close)  # (a fixture's session has no summary: its incidents ride on no report)
     return sessions[path].run_one(path, marker.args[0], marker.kwargs.get("mutant"))
 
 

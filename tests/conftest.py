@@ -9,16 +9,32 @@ from helpers import BASETEMP, slurm_jobs
 
 pytest_plugins = ["pytester", "leftovers"]
 
+TIERS = {
+    "inproc": "in-process: no subprocess pytest, no rank",
+    "fake": "fake ranks: pytest runs of small fake targets (the harness end to end)",
+    "real": "real torchtitan cells on CPU (minutes each)",
+    "slurm": "through a real single-node SLURM (tests/slurm/up.sh)",
+    "e2e": "long real comparisons and the benchmarks run as tests: tox -e e2e (not in .ci/run)",
+}
+
+
+def pytest_configure(config):
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
 @pytest.fixture
 def run_matrix(pytester):
-    """Write a matrix file and run pytest on it in a subprocess; returns the RunResult."""
+    """Write a matrix file and run pytest on it in a subprocess; returns the RunResult. New failures are not
+    confirmed by reruns here (--simplefsdp-confirm=1) unless a test asks: the fakes fail the same way every time."""
 
     def run(text, *args, name="fake.yaml", launcher="local"):
         path = pytester.path / name
         path.write_text(text)
+        confirm = [] if any(str(a).startswith("--simplefsdp-confirm") for a in args) else ["--simplefsdp-confirm=1"]
         return pytester.runpytest_subprocess(
             "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}", f"--simplefsdp-launcher={launcher}",
-            f"--simplefsdp-artifacts={pytester.path / 'runs'}", *args)
+            f"--simplefsdp-artifacts={pytester.path / 'runs'}", *confirm, *args)
 
     return run
 
@@ -39,12 +55,21 @@ SLURM_LOCK = "/tmp/simplefsdp-slurm-up.lock"
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(items):
-    """Every test that needs SLURM in one xdist group: its two nodes run one test's jobs at a time, and a test
-    waiting in the queue behind another worker's would run into its own timeouts."""
+    """Each test in one tier (TIERS): SLURM where it needs it, real or e2e where its module or itself says so, fake
+    where it runs pytest on fake targets, else in-process. Every test that needs SLURM in one xdist group: its two
+    nodes run one test's jobs at a time, and a test waiting in the queue behind another worker's would run into its
+    own timeouts."""
     for item in items:
+        if not hasattr(item, "fixturenames"):  # (the repo's own matrix cells, when this conftest is loaded with them)
+            continue
         params = getattr(item, "callspec", None) and item.callspec.params
-        if {"slurm", "slurm_conf"} & set(getattr(item, "fixturenames", ())) or (params or {}).get("launcher") == "slurm":
+        needs_slurm = {"slurm", "slurm_conf"} & set(item.fixturenames) or (params or {}).get("launcher") == "slurm"
+        if needs_slurm:
             item.add_marker(pytest.mark.xdist_group("slurm"))
+            item.add_marker(pytest.mark.slurm)
+        elif not any(item.get_closest_marker(t) for t in ("real", "e2e", "fake", "inproc")):
+            fake = {"pytester", "run_matrix"} & set(item.fixturenames)
+            item.add_marker(pytest.mark.fake if fake else pytest.mark.inproc)
 
 
 @pytest.fixture(scope="session")

@@ -134,3 +134,26 @@ def slurm_jobs(wait=20.0):
         if not jobs or time.monotonic() > deadline:
             return jobs
         time.sleep(0.5)
+
+
+def fake_wheel(folder, name, version, body=""):
+    """A tiny pure-Python wheel ``name==version`` in ``folder`` (a stand-in for torch in an environment of a version
+    set: the fake rank reads its version): uv installs it from a find-links folder, offline, in a second."""
+    import base64
+    import hashlib
+    import zipfile
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"__version__ = {version!r}\n{body}",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: pytest-simplefsdp tests\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).decode().rstrip('=')},"
+              f"{len(text.encode())}" for path, text in files.items()] + [f"{info}/RECORD,,"]
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name_, text in {**files, f"{info}/RECORD": "\n".join(record) + "\n"}.items():
+            z.writestr(name_, text)
+    return path

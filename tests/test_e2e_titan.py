@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import marked
+from helpers import cells_of, marked
 from pytest_simplefsdp.paths import MATRIX_DIR
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
 if not __import__("importlib.metadata").metadata.version("torchtitan").startswith("0.3."):
     pytest.skip("these cells are torchtitan 0.3's (tox -e titan03)", allow_module_level=True)
+
+pytestmark = pytest.mark.real  # (the long comparisons and the benchmarks are e2e as well: tox -e e2e)
 
 
 def test_smoke_tier_runs_real_cells(pytester):
@@ -83,6 +85,7 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
     runs = pytester.path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
                              "-k", "llama3-dp2-eager and not fsdp2", f"--simplefsdp-artifacts={runs}", "-p", "no:cacheprovider",
+                             "--simplefsdp-confirm=1",  # (a confirming run would train its 2000 steps again)
                              "--simplefsdp-launcher=torchrun"],  # (it finds the victim by torchrun's log folders)
                             cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -90,8 +93,9 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
         while victim is None and time.monotonic() < deadline:
             logs = list(runs.glob("cpu/llama3-dp2-eager/torchrun/*/attempt_0/1/std*.log"))
             if any("step:  5" in p.read_text(errors="replace") for p in logs):
-                victim = next((p for p in marked("llama3-dp2-eager") if p.environ().get("RANK") == "1"
-                               and p.ppid() != os.getpid() and "torchtitan.train" in " ".join(p.cmdline())), None)
+                victim = next((p for p in marked("llama3-dp2-eager") if p.environ().get("RANK") == "1"  # the rank,
+                               and p.ppid() != os.getpid() and "torchtitan.train" in " ".join(p.cmdline())  # not
+                               and "reaper.py" not in " ".join(p.cmdline())), None)  # the reaper above it
             time.sleep(0.2)
         assert victim is not None, "rank 1 never reached step 5"
         victim.send_signal(signal.SIGKILL)
@@ -127,6 +131,7 @@ def losses_of(cells):
     return {cell_id: c["losses"] for cell_id, c in cells.items()}
 
 
+@pytest.mark.e2e
 def test_the_default_cpu_launcher_matches_torchrun_on_real_cells_of_both_models(pytester):
     """The default (auto: fork on CPU) against the reference launcher, on an eager cell of each model and a traced
     one: the same verdicts, bitwise the same losses, gradient norms and comparison with the baseline; each record
@@ -149,6 +154,7 @@ def test_the_default_cpu_launcher_matches_torchrun_on_real_cells_of_both_models(
     assert not marked("llama3-") and not marked("deepseek_v3-") and not marked("forkserver:")
 
 
+@pytest.mark.e2e
 def test_slurm_launcher_matches_torchrun_on_real_cells(pytester, slurm):
     """Through the real single-node SLURM: a 2-rank cell on one node and a 4-rank cell on two nodes
     (torchrun's multi-node rendezvous), same verdicts and bitwise the same losses as the reference."""
@@ -164,12 +170,14 @@ def run_one_failing_cell(pytester, matrix):
     """Run a one-cell matrix file that must fail; its JSON record."""
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
+                                           "--simplefsdp-confirm=1",
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                                            timeout=900)
     result.assert_outcomes(failed=1)
     return json.loads(out.read_text())["runs"][0]["cells"][0]
 
 
+@pytest.mark.e2e
 def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pytester):
     """The bug that once made 36 GPU cells duplicates: a cell called inductor that inductor never compiled.
     Here the flag the target passes is overridden after it (extra_args), as an ignored flag would be; the
@@ -236,29 +244,112 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
     assert wrong == {"dp_shard=1 degrees.dp_shard", "tp=2 degrees.tp", "tp=2 mesh.tp"}
 
 
-def test_the_mutation_tier_kills_the_expert_gradient_scale_bug(pytester):
-    """The bug class of torchtitan issue 1551: expert gradients divided once more. AdamW makes the losses
-    follow the baseline anyway (measured: within 1e-5); the per-parameter gradient norms name it. A mutant
-    that moves expert weights after the checkpoint load is caught at step 0 by the weight checksum."""
+def test_the_mutation_tier_kills_gradient_load_update_schedule_and_state_bugs(pytester):
+    """On one EP cell (the close lane): the bug class of torchtitan issue 1551 (expert gradients divided once more:
+    AdamW keeps the losses within 1e-5, the per-parameter gradient norms name it), expert weights moved after the
+    checkpoint load (the weight checksum at step 0), an update lost on rank 1 (the issue's case: the changed
+    invariant), and the three bugs that act from step 2 on: an update (changed), a schedule (lr) and a state (the
+    update norm against the baseline at step 2)."""
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k", "deepseek_v3-dp2-ep2-eager and not fsdp2",
-                                           "--simplefsdp-mutants=expert_grad_divide,expert_placement",
+    names = ("expert_grad_divide,expert_placement,lost_update,update_lost_from_step2,lr_skew_from_step2,"
+             "optimizer_state_lost_at_step2")
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
+                                           "deepseek_v3-dp2-ep2-eager and not fsdp2", f"--simplefsdp-mutants={names}",
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=900)
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*mutation tier: 2 of 2 mutant runs killed*"])
+                                           timeout=1500)
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["*mutation tier: 6 of 6 mutant runs killed*"])
     mutated = {m["mutant"]: m for m in json.loads(out.read_text())["runs"][0]["mutants"]}
+    assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
+        "expert_grad_divide": ("killed", "grad_norm"), "expert_placement": ("killed", "init_checksum"),
+        "lost_update": ("killed", "invariant (changed)"), "update_lost_from_step2": ("killed", "invariant (changed)"),
+        "lr_skew_from_step2": ("killed", "invariant (lr)"), "optimizer_state_lost_at_step2": ("killed", "update_norm")}
     divide = mutated["expert_grad_divide"]
-    assert (divide["mutation"], divide["killed_by"]) == ("killed", "grad_norm")
     first = divide["numerics"]["params"]["first_difference"]
     # half of the EP 2 layout's gradient, whose norm is within 2e-5 of the dp 2 baseline's at step 1
     assert ".routed_experts." in first["param"] and first["step"] == 1
     assert first["cell"] / first["baseline"] == pytest.approx(0.5, rel=1e-4)
     assert ("ratio 0.5" in divide["error_line"]) and divide["error_line"].startswith(first["param"])
-    placement = mutated["expert_placement"]
-    assert (placement["mutation"], placement["killed_by"]) == ("killed", "init_checksum")
+    assert mutated["lost_update"]["error_line"].startswith("optimizer-step invariant (changed): rank 1: ")
+    assert "did not change in the optimizer step of step 1" in mutated["lost_update"]["error_line"]
+    assert "of step 2" in mutated["update_lost_from_step2"]["error_line"]
+    state = mutated["optimizer_state_lost_at_step2"]["numerics"]["params"]["first_difference"]
+    assert (state["kind"], state["step"]) == ("update_norm", 2)
     log = "".join(Path(p).read_text() for p in divide["rank_logs"]["0"])
     assert "[simplefsdp-shim] mutant: expert_grad_divide" in log
+
+
+HOOKWRAP = """\
+\"\"\"A foreign import hook, as a profiler's: it loads every torchtitan module itself, ahead of the shim's finder,
+then runs the module named on its command line as __main__.\"\"\"
+import importlib.abc, importlib.util, runpy, sys
+
+class Foreign(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if not name.startswith("torchtitan"):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or type(finder).__name__ == "_PostImportFinder":
+                continue
+            spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+sys.meta_path.insert(0, Foreign())
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+HOOKED = """\
+import sys
+from pytest_simplefsdp.targets import Titan03
+
+
+class Hooked(Titan03):
+    \"\"\"titan03 whose ranks run under a foreign import hook (hookwrap.py beside this conftest).\"\"\"
+
+    def command(self, cell, dump_folder, **kw):
+        command = super().command(cell, dump_folder, **kw)
+        command.argv[1:3] = ["-m", "hookwrap", "torchtitan.train"]
+        command.env["PYTHONPATH"] = command.env["PYTHONPATH"] + ":" + {folder!r}
+        command.env.update({env})
+        return command
+
+
+def pytest_simplefsdp_make_target(matrix, cache_dir):
+    if matrix.target == "titan03":
+        target = Hooked(matrix, cache_dir)
+        target.check()
+        return target
+"""
+
+
+@pytest.mark.parametrize("fallback", ["on", "off"])
+def test_the_probe_attaches_when_a_foreign_hook_imports_torchtitan(pytester, fallback):
+    """Every torchtitan module of the ranks comes in through another finder first on sys.meta_path, ahead of the
+    shim's (a profiler's hook): the shim's audit-hook fallback still attaches the probe, and the cell shows its label.
+    With the fallback switched off (SIMPLEFSDP_PROBE_FALLBACK=0) the probe cannot see, and the cell says so as infra
+    instead of claiming the label is wrong."""
+    (pytester.path / "hookwrap.py").write_text(HOOKWRAP)
+    env = {} if fallback == "on" else {"SIMPLEFSDP_PROBE_FALLBACK": "0"}
+    pytester.makeconftest(HOOKED.format(folder=str(pytester.path), env=env))
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
+                                           "llama3-dp2-eager and not fsdp2", "--simplefsdp-launcher=local",
+                                           "--simplefsdp-confirm=1", f"--simplefsdp-json={out}",
+                                           f"--simplefsdp-artifacts={pytester.path / 'runs'}", timeout=900)
+    cell = cells_of(out)["llama3-dp2-eager"]
+    hooks = json.loads((Path(cell["log_dir"]) / "evidence" / "rank1.json").read_text())["probe"]["hooks"]
+    if fallback == "on":
+        result.assert_outcomes(passed=1)
+        assert {"config", "mesh", "train_step", "clip"} <= set(hooks) and cell["invariants"]["violation"] is None
+    else:
+        result.assert_outcomes(failed=1)
+        assert cell["failure_class"] == "infra" and "mesh" not in hooks
+        assert cell["error_line"].startswith("the evidence probe cannot show the label: dp_replicate=1: expected "
+                                             "degrees.dp_replicate = 1 on every rank, saw nothing: the evidence "
+                                             "probe's 'mesh' hook did not attach on ranks 0, 1")
 
 
 RESUME = """\
@@ -309,6 +400,7 @@ def test_a_checkpoint_resumes_on_another_layout_in_the_cells_second_run(pytester
     assert not marked("llama3-dp2-eager-resume")
 
 
+@pytest.mark.e2e
 def test_the_launcher_benchmark_runs_and_finds_the_default_equivalent_to_bare_torchrun():
     """benchmarks/launchers.py, its cells mode on one real cell: it runs, prints the table, and bare torchrun and
     the default launcher give bitwise the same losses and grad norms (its ratios are for a quiet machine, not here)."""
@@ -326,6 +418,7 @@ def test_the_launcher_benchmark_runs_and_finds_the_default_equivalent_to_bare_to
     assert 0 < auto_steps < auto and 0 < bare_steps < bare and ceiling > ratio, out.stdout
 
 
+@pytest.mark.e2e
 def test_the_profile_benchmark_reuses_the_baseline_warm_and_states_torchtitans_own_time():
     """benchmarks/launchers.py, its profile mode on one cell and its baseline: torchrun fresh, default cold, default
     warm; the warm run keeps the baseline (shown "kept", not its old wall) and torchtitan's own work in the warm

@@ -194,7 +194,7 @@ def test_a_daemon_that_sheds_group_and_environment_is_found_and_killed(run_matri
             "target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
     result = run_matrix(text, launcher=launcher)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*daemon-r2: [[]infra[]] 1 process(es) outlived the cell and were killed: "
+    result.stdout.fnmatch_lines(["*daemon-r2: [[]infra[]] 1 process(es) outlived their rank and were killed: "
                                  "pid * (sleep 97)*"])
     assert not sleepers() and not marked("daemon-r2")
 

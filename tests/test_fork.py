@@ -5,40 +5,64 @@ import sys
 
 import pytest
 
-from helpers import FAKE_RANK, fake_matrix, launcher_ready, marked, module_matrix
+from helpers import FAKE_RANK, cells_of, fake_matrix, launcher_ready, marked, module_matrix
 from pytest_simplefsdp.launch.fork import _ForkServer
 from pytest_simplefsdp.targets import RankCommand
 
 
-@pytest.mark.parametrize("launcher", ["auto", "fork", "local", "torchrun"])
-def test_the_fault_fakes_get_the_same_verdicts_under_every_launcher(run_matrix, pytester, launcher):
-    """auto is fork here (a CPU profile); torchrun is the reference: each launcher must give exactly this.
-    The timeout only ends the hang cell; the others end on their own, so it is long enough for a loaded
-    machine (5 s once failed the passing cell under torchrun beside a CPU-heavy job)."""
-    out = pytester.path / f"{launcher}.json"
-    result = run_matrix(module_matrix(["pass", "fail", "segv", "exit3", "hang", "noresult"], timeout=30),
-                        f"--simplefsdp-json={out}", launcher=launcher)
-    result.assert_outcomes(passed=1, failed=5)
-    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
-    got = {cid: (c["failure_class"], c["failing_rank"]) for cid, c in cells.items()}
-    assert got == {"pass-r2": (None, None), "fail-r2": ("runtime", 1), "segv-r2": ("crash", 1),
-                   "exit3-r2": ("runtime", 1), "hang-r2": ("hang", 0), "noresult-r2": ("no_result", None)}
-    assert {c["launcher"] for c in cells.values()} == {"fork" if launcher == "auto" else launcher}
-    assert cells["fail-r2"]["error_line"] == "RuntimeError: fake failure on purpose"
-    assert cells["pass-r2"]["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
-    assert cells["pass-r2"]["grad_norms"] == {"1": 1.0, "2": 1.0, "3": 1.0}
-    assert "Current thread" in open(cells["hang-r2"]["rank_logs"]["1"][0]).read()  # stacks dumped
-    assert "Fatal Python error: Segmentation fault" in open(cells["segv-r2"]["rank_logs"]["1"][0]).read()
-    for cid in cells:
-        assert not marked(cid)
-    assert not marked("forkserver:")
+# every fault of the fake rank, and what each launcher must make of it: (status, failure class, failing rank)
+FAULTS = {
+    "pass": ("passed", None, None), "fail": ("failed", "runtime", 1), "segv": ("failed", "crash", 1),
+    "kill": ("failed", "crash", 1), "exit3": ("failed", "runtime", 1), "closeraise": ("failed", "runtime", 1),
+    "failignore": ("failed", "runtime", 0), "hang": ("failed", "hang", 0), "usr1ignore": ("failed", "hang", 0),
+    "leave": ("failed", "hang", 1), "noresult": ("failed", "no_result", None), "flood": ("failed", "runtime", 1),
+    "orphan": ("failed", "infra", None), "daemon": ("failed", "infra", None), "nan": ("failed", "numerics", None),
+    "zerograd": ("failed", "numerics", None), "porttaken": ("passed", None, None),
+}
+
+
+def test_every_fault_gets_the_same_verdict_failure_class_and_failing_rank_under_every_launcher(run_matrix, pytester,
+                                                                                                request):
+    """The fault fakes, old and new, under fork (auto's choice on CPU), local, torchrun (the reference) and SLURM where
+    it runs here: one table per launcher of each cell's outcome, failure class and failing rank, and the tables must
+    be equal. A process that outlives its rank (orphan, daemon) fails a green cell as infra under every launcher; a
+    rank that leaves early (leave) is named as the hang's cause. Cells run 8 at a time (the fakes wait, they do not
+    compute); the timeout ends only the hanging cells."""
+    launchers = ["fork", "local", "torchrun"]
+    try:
+        request.getfixturevalue("slurm")
+        launchers.append("slurm")
+    except pytest.skip.Exception:
+        pass
+    args = ', "--flood-mb", "8", "--flag", "{dump_folder}/../../portflag"'
+    tables = {}
+    for launcher in launchers:
+        out = pytester.path / f"{launcher}.json"
+        result = run_matrix(module_matrix(list(FAULTS), timeout=25, args=args), f"--simplefsdp-json={out}",
+                            "--simplefsdp-log-limit=4", "--simplefsdp-jobs=8", "--simplefsdp-max-ranks=16",
+                            f"--simplefsdp-artifacts={pytester.path / launcher}", launcher=launcher)
+        cells = cells_of(out)
+        tables[launcher] = {cid.split("-")[0]: (c["status"], c["failure_class"], c["failing_rank"])
+                            for cid, c in cells.items()}
+        assert {c["launcher"] for c in cells.values()} == {launcher}
+        assert cells["leave-r2"]["error_line"].startswith("timed out after "), cells["leave-r2"]["error_line"]
+        assert "; rank 1 left first: it exited with code 0 after" in cells["leave-r2"]["error_line"] or \
+            (launcher in ("torchrun", "slurm") and "; rank 1 left first: it ended after" in cells["leave-r2"]["error_line"])
+        assert cells["orphan-r2"]["error_line"].startswith("1 process(es) outlived their rank and were killed")
+        assert cells["pass-r2"]["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
+        assert "Current thread" in open(cells["hang-r2"]["rank_logs"]["1"][0]).read()  # stacks dumped
+        assert not marked("forkserver:") and not any(marked(f"{m}-r2") for m in FAULTS)
+        result.assert_outcomes(passed=2, failed=len(FAULTS) - 2)
+    assert tables["torchrun"] == FAULTS
+    assert all(table == tables["torchrun"] for table in tables.values()), tables
 
 
 def test_fork_falls_back_for_scripts_and_says_so(run_matrix):
     result = run_matrix(fake_matrix(modes=["fail"]), launcher="fork")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*fork launcher: not a `python -m module` program of this interpreter; "
-                                 "ran under the local launcher*"])
+    # the header says who will run the cells and why, the summary who ran them
+    result.stdout.fnmatch_lines(["*launcher=local (fork runs this target's program under local)",
+                                 "*simplefsdp matrix fake.yaml (profile fake, target command, launcher local (asked: fork))*"])
 
 
 @pytest.mark.parametrize("launcher", ["fork", "local", "torchrun", "slurm"])

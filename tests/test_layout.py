@@ -39,3 +39,115 @@ def test_the_check_catches_a_private_use(tmp_path):
                                      "launch/_layout_probe.py:3: TorchrunLauncher._x"]
     finally:
         bad.unlink()
+
+
+def module_name(path):
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_imports(path):
+    """(module imported, line, whether inside a function) for every import of the package's own modules."""
+    name = module_name(path)
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    tree = ast.parse(path.read_text())
+    local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f)}
+    typing_only = {id(n) for i in ast.walk(tree) if isinstance(i, ast.If) and "TYPE_CHECKING" in ast.unparse(i.test)
+                   for n in ast.walk(i)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        targets = []
+        if isinstance(node, ast.ImportFrom):
+            root = ".".join(base[:len(base) - node.level + 1]) if node.level else ""
+            mod = ".".join(p for p in (root, node.module or "") if p)
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]  # `from . import x`: x may be a module
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        for t in targets:
+            if t.split(".")[0] == "pytest_simplefsdp":
+                out.append((t, node.lineno, id(node) in local))
+    return out
+
+
+def import_graph(root=PACKAGE):
+    modules = {module_name(p): p for p in root.rglob("*.py")}
+    graph = {m: set() for m in modules}
+    for m, path in modules.items():
+        for target, _, _ in package_imports(path):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != m:
+                graph[m].add(target)
+    return graph
+
+
+def circles(graph):
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_has_no_circle():
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_check_catches_a_circle():
+    a, b = PACKAGE / "report" / "_circle_a.py", PACKAGE / "store" / "_circle_b.py"
+    a.write_text("from ..store import _circle_b\n")
+    b.write_text("def f():\n    from ..report._circle_a import x\n")  # a function-local import closes it too
+    try:
+        assert ["pytest_simplefsdp.report._circle_a", "pytest_simplefsdp.store._circle_b"] in circles(import_graph())
+    finally:
+        a.unlink()
+        b.unlink()
+
+
+# the entry points pytest loads in every run import the rest inside their hooks: that is what keeps them light
+LAZY_ENTRY_POINTS = {"pytest_simplefsdp.plugin", "pytest_simplefsdp.launch.slurm_plugin"}
+
+
+def test_no_function_local_import_of_the_package_outside_the_entry_points():
+    found = [f"{module_name(p)}:{line}: {target}" for p in sorted(PACKAGE.rglob("*.py"))
+             if module_name(p) not in LAZY_ENTRY_POINTS
+             for target, line, local in package_imports(p) if local]
+    assert found == []
+
+
+def test_every_mutant_the_gate_names_is_implemented_in_the_shim_and_back():
+    """judge/mutants.py (what the tier runs and judges) and shim/mutants.py (what injects each bug in a rank)
+    name the same set: a name on one side only is a mutant that cannot run, or one nobody judges."""
+    from pytest_simplefsdp.judge.mutants import TITAN03
+    from pytest_simplefsdp.shim.mutants import IMPLEMENTED
+
+    assert sorted(m.name for m in TITAN03) == sorted(IMPLEMENTED)
+    for name, (moment, _) in IMPLEMENTED.items():
+        assert moment in ("install", "load", "grads", "before_update", "update", "schedule"), (name, moment)

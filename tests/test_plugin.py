@@ -94,7 +94,7 @@ def test_hang_is_killed_with_stacks_and_stuck_rank(run_matrix, pytester, launche
 def test_leftover_process_fails_the_cell(run_matrix):
     result = run_matrix(fake_matrix(modes=["orphan"]))
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*orphan-r2: [[]infra[]] 1 process(es) outlived the cell and were killed*"])
+    result.stdout.fnmatch_lines(["*orphan-r2: [[]infra[]] 1 process(es) outlived their rank and were killed*"])
     assert not marked("orphan-r2")
 
 

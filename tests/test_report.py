@@ -20,8 +20,8 @@ def test_status_md_is_regenerated_byte_for_byte_from_json(run_matrix, pytester):
     assert text.startswith("# SimpleFSDP composability status\n\n✅ passes")
     assert "| pass     | ✅     |" in text and "| fail     | 🚧[^1] |" in text and "| segv     | ❌[^2] |" in text
     assert "[^1]: `fail-r2`: known failure `fake-known` (https://github.com/pytorch/torchtitan/pull/1529): " \
-           "RuntimeError: fake failure on purpose" in text
-    assert "[^2]: `segv-r2`: crash: rank 1 killed by SIGSEGV" in text
+           "`RuntimeError: fake failure on purpose`" in text  # a rank's text is a code span: never markup
+    assert "[^2]: `segv-r2`: crash: `rank 1 killed by SIGSEGV`" in text
     for source in (js, pytester.path / "runs" / "results.jsonl"):
         for judged in (["--known-failures", str(kf)], ["--as-stored"]):  # judged again with the same file, or not
             again = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(source), "--format", "md",

@@ -73,7 +73,10 @@ def test_every_record_says_which_launcher_ran_it(run_matrix, pytester):
     out = pytester.path / "run.json"
     result = run_matrix(fake_matrix(modes=["pass"]), f"--simplefsdp-json={out}", launcher="auto")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["simplefsdp: fake.yaml profile=fake * launcher=fork (auto)*"])
+    # the header names the launcher that will run the cells, and why it is not the one asked for
+    result.stdout.fnmatch_lines(["simplefsdp: fake.yaml profile=fake * launcher=local (fork runs this target's program "
+                                 "under local; auto's choice for cpu cells)",
+                                 "*simplefsdp matrix fake.yaml (profile fake, target command, launcher local (asked: fork))*"])
     doc = run_doc(out)
     # a script is not `python -m module`: the fork launcher hands it to the local one, and the record says so
     assert doc["meta"]["launcher"] == "fork" and doc["cells"][0]["launcher"] == "local"

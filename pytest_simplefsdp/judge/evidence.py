@@ -21,6 +21,7 @@ class Evidence:
     expected: str
     seen: str
     ok: bool
+    infra: bool = False  # the probe that would have shown it did not run (the label is not contradicted)
 
     def line(self):
         return f"{self.axis}: expected {self.expected}, saw {self.seen}"
@@ -37,6 +38,7 @@ class Expect:
     key: str  # "<section>.<name>" of the probe record, e.g. "mesh.tp", "config.compile.mode"
     value: str
     default: str | None = None  # what an absent key means (a mesh axis of size 1 is not built)
+    hooks: tuple = ()  # the probe's hooks that record the key (probe.hooks): one unattached, the key says nothing
 
     def line(self):
         return f"{self.axis} <- {self.key}"
@@ -59,19 +61,26 @@ def _lookup(record, key, default):
     return None if value is None else str(value)
 
 
-def check(expects: list, log_dir: Path) -> list:
-    """The evidence for each expectation, from every rank's probe record in the cell's folder."""
+def check(expects: list, log_dir: Path, ranks=None) -> list:
+    """The evidence for each expectation, from every rank's probe record in the cell's folder (``ranks``: the ranks
+    that ran; default: those that left a record). A key whose probe hook did not run or attach on a rank says nothing
+    about the label there: that is an infra failure of the probe, not a contradicted label."""
     if not expects:
         return []
     folder = probe_folder(log_dir)
     records = read_probes(folder)
+    ranks = sorted(records) if ranks is None else list(ranks)
     out = []
     for e in expects:
         expected = f"{e.key} = {e.value} on every rank"
         if not records:
-            out.append(Evidence(e.axis, expected, f"no probe record in {folder}", False))
+            out.append(Evidence(e.axis, expected, f"no probe record in {folder}", False, infra=bool(e.hooks)))
             continue
-        seen = {rank: _lookup(rec, e.key, e.default) for rank, rec in sorted(records.items())}
+        blind = _probe_missing(e, records, ranks)
+        if blind:
+            out.append(Evidence(e.axis, expected, blind, False, infra=True))
+            continue
+        seen = {rank: _lookup(records.get(rank, {}), e.key, e.default) for rank in ranks}
         wrong = {r: v for r, v in seen.items() if v != e.value}
         if not wrong:
             out.append(Evidence(e.axis, expected, f"{e.value} on ranks {', '.join(map(str, seen))}", True))
@@ -83,6 +92,21 @@ def check(expects: list, log_dir: Path) -> list:
                             for v, rs in by_value.items())
             out.append(Evidence(e.axis, expected, saw, False))
     return out
+
+
+def _probe_missing(e: Expect, records, ranks) -> str | None:
+    """Why the probe cannot speak for ``e`` on some ranks (it did not run there, or its hook did not attach)."""
+    if not e.hooks:
+        return None
+    not_run = [r for r in ranks if "started" not in records.get(r, {}).get("probe", {})]
+    if not_run:
+        return f"nothing: the evidence probe did not run on ranks {', '.join(map(str, not_run))}"
+    for hook in e.hooks:
+        unhooked = [r for r in ranks if hook not in records[r]["probe"].get("hooks", [])]
+        if unhooked:
+            return (f"nothing: the evidence probe's {hook!r} hook did not attach on ranks "
+                    f"{', '.join(map(str, unhooked))} (torchtitan was imported past it)")
+    return None
 
 
 def _trace_entries(trace_dir: Path, key: str):

@@ -8,6 +8,7 @@ with which *error* (a regex searched in the cell's normalised error signature), 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,12 @@ ENTRY_KEYS = {
     "link": "upstream issue, PR or review comment (required)",
     "reason": "one line: what fails and why (required for skip)",
     "classes": "optional list of failure classes the entry accepts (compile, runtime, ...)",
+    "first_failing": "optional package -> the first version it fails on ({torch: 2.14.0}; a bisection writes it)",
+    "last_passing": "optional package -> the last version it passes on (the other end of that window)",
+    "fixed_in": "optional package -> the version that fixed it",
+    "pass_rate": "optional, kind flaky: the share of runs that passed when it was measured (0.5)",
 }
+WINDOW_KEYS = ("first_failing", "last_passing", "fixed_in")
 ENV_KEYS = {"profile", "target", "device", "tier"}
 VERSION_KEYS = {"torch", "torchtitan"}
 COMPARISON = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+)\s*$")
@@ -63,6 +69,12 @@ class Entry:
     where: str = ""
     pattern: object = None
     foreign: bool = False  # its `profile` condition names only profiles not loaded here: its axes are not checked
+    window: dict = field(default_factory=dict)  # first_failing / last_passing / fixed_in -> {package: version}
+
+    @property
+    def todo(self) -> bool:
+        """Its link is still the update command's placeholder (a warning, not an error)."""
+        return self.link.upper().startswith("TODO")
 
     def label(self):
         return f"{self.id} ({self.link})"
@@ -105,11 +117,19 @@ class KnownFailures:
         self.path = Path(path)
         self.entries = entries
 
+    def about(self):
+        """What a run records of the file that judged it (the report tool judges with it again)."""
+        digest = hashlib.sha256(self.path.read_bytes()).hexdigest() if self.path.is_file() else ""
+        return {"known_failures": {"path": str(self.path.resolve()), "sha256": digest}}
+
     def for_cell(self, axes, env):
         return [e for e in self.entries if applies(e, axes, env)]
 
 
-def load_known_failures(path, axis_names: set, allow_todo_links=False, profiles=None) -> KnownFailures:
+TODO_LINK = "TODO: the upstream issue"  # what the update command writes for a new entry; loaded with a warning
+
+
+def load_known_failures(path, axis_names: set, profiles=None) -> KnownFailures:
     """Load and validate; every problem is a MatrixError naming file, line and entry id. ``profiles``: the
     profiles known here; an entry whose `profile` condition names none of them is for another matrix (its
     conditions' axes are that matrix's): loaded, marked foreign, its axes unchecked."""
@@ -121,7 +141,7 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False, profiles=
         raise MatrixError(f"{path}:1: known failures must be a YAML list of entries")
     entries, ids = [], {}
     for i, node in enumerate(doc):
-        entry = _entry(path, node, line_of(path, doc, index=i), axis_names, allow_todo_links, profiles)
+        entry = _entry(path, node, line_of(path, doc, index=i), axis_names, profiles)
         if entry.id in ids:
             raise MatrixError(f"{line_of(path, node, key='id')}: duplicate entry id {entry.id!r} "
                               f"(first at {ids[entry.id]})")
@@ -130,7 +150,7 @@ def load_known_failures(path, axis_names: set, allow_todo_links=False, profiles=
     return KnownFailures(path, entries)
 
 
-def _entry(path, node, where, axis_names, allow_todo_links, profiles=None) -> Entry:
+def _entry(path, node, where, axis_names, profiles=None) -> Entry:
     if not isinstance(node, dict):
         raise MatrixError(f"{where}: an entry must be a mapping with keys {', '.join(ENTRY_KEYS)}")
     eid = str(node.get("id", "?"))
@@ -145,7 +165,7 @@ def _entry(path, node, where, axis_names, allow_todo_links, profiles=None) -> En
     if not re.fullmatch(r"[\w.\-]+", eid):
         raise MatrixError(f"{line_of(path, node, key='id')}: entry id {eid!r}: use letters, digits, - _ .")
     link = str(node["link"]).strip()
-    if not allow_todo_links and (link.upper().startswith("TODO") or not re.match(r"https?://", link)):
+    if not link.upper().startswith("TODO") and not re.match(r"https?://", link):  # (TODO: a warning at start-up)
         raise MatrixError(f"{at('link')}: link {link!r} is not a URL; name the upstream issue, PR or review comment")
     try:
         kind = KnownKind.of(node["kind"])
@@ -163,8 +183,53 @@ def _entry(path, node, where, axis_names, allow_todo_links, profiles=None) -> En
         raise MatrixError(f"{at('classes')}: classes {classes!r}: not a list of failure classes "
                           f"({', '.join(c.value for c in FailureClass)})")
     pattern = _pattern(str(node["error"]), at("error")) if node.get("error") else None
+    window = {key: _window(plain(node[key]), at(key), key) for key in WINDOW_KEYS if key in node}
+    rate = node.get("pass_rate")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1):
+        raise MatrixError(f"{at('pass_rate')}: pass_rate {rate!r} must be a number from 0 to 1")
     return Entry(eid, plain(node["when"]), str(node.get("error") or ""), kind, link, str(node["reason"]),
-                 classes, where, pattern, foreign)
+                 classes, where, pattern, foreign, window)
+
+
+def _window(value, where, key):
+    """``{torch: 2.14.0}``: a package of a version set and a version (or a torchtitan commit)."""
+    if not isinstance(value, dict) or not value:
+        raise MatrixError(f"{where}: {key} must map packages to versions, e.g. {{torch: 2.14.0}}, got {value!r}")
+    for package, version in value.items():
+        if package not in VERSION_KEYS:
+            raise MatrixError(f"{where}: {key}: {package!r} is not one of {', '.join(sorted(VERSION_KEYS))}")
+        if not re.fullmatch(r"[0-9a-f]{7,40}", str(version)):
+            try:
+                Version(str(version))
+            except InvalidVersion:
+                raise MatrixError(f"{where}: {key}: {package} {version!r} is not a version or a commit") from None
+    return {p: str(v) for p, v in value.items()}
+
+
+def outside_window(entry: Entry, versions: dict) -> str | None:
+    """Why the versions a cell ran on lie where the entry's window says the cell passes, or None (inside it, or
+    no window, or versions it cannot order, such as commits)."""
+    for package, ran in (versions or {}).items():
+        try:
+            ran = Version(str(ran).split("+")[0])
+        except InvalidVersion:
+            continue
+
+        def at(key):
+            v = entry.window.get(key, {}).get(package)
+            try:
+                return Version(v) if v else None
+            except InvalidVersion:
+                return None
+
+        first, last, fixed = at("first_failing"), at("last_passing"), at("fixed_in")
+        if first is not None and ran < first:
+            return f"{package} {ran} is before its first failing {package} {first}"
+        if last is not None and ran <= last:
+            return f"{package} {ran} is at or before its last passing {package} {last}"
+        if fixed is not None and ran >= fixed:
+            return f"{package} {ran} has its fix ({package} {fixed})"
+    return None
 
 
 def _check_when(path, when, eid, axis_names):

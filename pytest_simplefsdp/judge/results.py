@@ -63,12 +63,14 @@ class CellResult:
     reproducer: str = ""
     world: int = 0
     launcher: str = ""  # the launcher that ran it: torchrun, local, fork, slurm, or a plugin's
+    versions: dict = field(default_factory=dict)  # package -> version it ran on (its version set's environment)
     details: list = field(default_factory=list)  # extra lines for the failure report
     signature: str = ""  # normalised error signature (see verdict.signature)
     known_failure: str | None = None  # id of the known-failures entry that judged the cell
     known_failure_link: str | None = None
     verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
     flaky: bool = False
+    confirm: dict | None = None  # a new failure's confirming runs: {runs, passed, pass_rate, signatures}
     numerics: dict | None = None  # the comparison with the baseline (see numerics.compare)
     trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure
@@ -105,6 +107,8 @@ class CellResult:
         d["nan_steps"] = [k for k, v in self.losses.items() if v is not None and math.isnan(v)]
         d["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
         d["rank_logs"] = {str(k): [str(p) for p in v] for k, v in self.rank_logs.items()}
+        # `infra` is the rare case (the probe did not run): stored only when set, so records stay as before
+        d["evidence"] = [{k: v for k, v in e.items() if k != "infra" or v} for e in d["evidence"]]
         return d
 
 
@@ -234,17 +238,18 @@ def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> Ce
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
     res.losses, res.grad_norms = cell_losses(texts)
-    failure = _stopped(outcome, texts, res) or _rank_failure(outcome, texts) or (
+    first = _failed_first(outcome, texts)
+    failure = _stopped(outcome, texts, res) or _rank_failure(outcome, texts, first) or (
         trains and _no_steps(res, expected_steps))  # (a step before the cell, e.g. precompile, trains nothing)
     if failure:
         res.fail(*failure)
-    if outcome.timed_out and outcome.first_failed_rank is not None:
+    if outcome.timed_out and first is not None:
         res.details.append(f"ranks {outcome.stuck_ranks} were still running at the timeout and were killed")
     if res.status == Status.FAILED and PORT_TAKEN.search(res.error_text or ""):
         res.failure_class = FailureClass.INFRA
         res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"
     if outcome.survivors and res.status == Status.PASSED:
-        res.fail(FailureClass.INFRA, f"{len(outcome.survivors)} process(es) outlived the cell and were killed: "
+        res.fail(FailureClass.INFRA, f"{len(outcome.survivors)} process(es) outlived their rank and were killed: "
                                      f"{'; '.join(outcome.survivors[:3])}")
     elif outcome.survivors:
         res.details.append(f"killed {len(outcome.survivors)} leftover process(es) of the cell")
@@ -255,14 +260,22 @@ def _stopped(outcome, texts, res):
     """The cell never ran to its end: it could not start, hung past its timeout, or flooded its logs."""
     if outcome.launch_error:
         return FailureClass.INFRA, outcome.launch_error
-    if outcome.timed_out and outcome.first_failed_rank is None:  # a rank that failed first is the cause
+    if outcome.timed_out and _failed_first(outcome, texts) is None:  # a rank that failed first is the cause
         ranks = ", ".join(map(str, outcome.stuck_ranks)) or "unknown"
         dumped = [r for r in outcome.stuck_ranks if FAULTHANDLER.search(texts.get(r, ""))]
         silent = [r for r in outcome.stuck_ranks if r not in dumped]
         res.details.append(f"Python stacks (SIGUSR1, faulthandler) are in the logs of ranks {dumped or 'none'}"
                            + (f"; ranks {silent} left none (SIGUSR1 ignored or blocked, or no Python)" if silent else ""))
-        return (FailureClass.HANG, f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}",
-                outcome.stuck_ranks[0] if outcome.stuck_ranks else None)
+        line = f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}"
+        gone = {r: when for r, when in outcome.left.items() if r not in outcome.stuck_ranks}
+        if gone and outcome.stuck_ranks:  # a rank that left while its peers ran on: the hang is theirs, the cause its
+            first = min(gone, key=lambda r: gone[r])
+            seconds, code = gone[first]
+            how = "ended" if code is None else f"exited with code {code}" if code >= 0 else \
+                f"was killed by {signal_name(code)}"
+            return (FailureClass.HANG, f"{line}; rank {first} left first: it {how} after {seconds:.1f} s while "
+                                       f"its peers ran on", first)
+        return FailureClass.HANG, line, outcome.stuck_ranks[0] if outcome.stuck_ranks else None
     if outcome.log_flood:
         cut = sorted(r for r, paths in outcome.rank_logs.items() if set(map(str, paths)) & set(outcome.cut_logs))
         return (FailureClass.RUNTIME, f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell "
@@ -271,9 +284,24 @@ def _stopped(outcome, texts, res):
     return None
 
 
-def _rank_failure(outcome, texts):
+def _failed_first(outcome, texts):
+    """The rank that failed first: the launcher's word; else, in a cell that then hung, the first rank to leave
+    where it left with an error (torchrun's workers' codes are not known before torchrun ends, and a peer that
+    ignores torchrun's SIGTERM keeps it from ending): the others' hang is its consequence, not the cause."""
+    if outcome.first_failed_rank is not None or not outcome.timed_out:
+        return outcome.first_failed_rank
+    gone = {r: when for r, when in outcome.left.items() if r not in outcome.stuck_ranks}
+    if not gone:
+        return None
+    first = min(gone, key=lambda r: gone[r])
+    code = gone[first][1]
+    return first if code not in (0, None) or (code is None and last_exception(texts.get(first, ""))) else None
+
+
+def _rank_failure(outcome, texts, failed=None):
     """The first failing rank's exception, signal or exit code; else the launcher's own failure."""
-    failed = outcome.first_failed_rank
+    if failed is None:
+        failed = outcome.first_failed_rank
     if failed is None:
         failed = next((r for r, c in outcome.exit_codes.items() if c not in (0, None)), None)
     if failed is not None and failed in texts:

@@ -4,40 +4,55 @@ person would edit it."""
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
+from ..kinds import KnownKind
+from .known import TODO_LINK
 
-def update_file(path, new_failures, passing_entries, date):
-    """Update a known-failures file in place, as a person would edit it: every untouched line stays byte for
-    byte (quoting, comments, order).
+
+def update_file(path, new_failures, passing_entries, date, check=None, windows=None):
+    """Update a known-failures file as a person would edit it: every untouched line stays byte for byte (quoting,
+    comments, blank lines, order), and the result must load again.
 
     ``new_failures``: (profile, CellResult) of failures no entry explained. A cell whose own entry (the id this
     update gives it) expects another error gets that entry's ``error`` replaced (a changed signature); any
-    other becomes a new entry at the end with ``link: TODO``. ``passing_entries``: ids of xfail entries all of
-    whose cells passed: removed with the comment lines directly above them (a comment block set apart by a
-    blank line is a section heading and stays). Returns the lines to report."""
+    other becomes a new entry at the end with the placeholder link (known.TODO_LINK: it loads with a warning until
+    it names the upstream issue). ``passing_entries``: ids of xfail entries all of whose cells passed: removed with
+    the comment lines directly above them, unless those are the file's header (the comments before its first entry)
+    or a section heading (a comment block set apart by a blank line). The new text is written to a temporary file,
+    loaded back with ``check(path)`` (a MatrixError if it would not load), and only then renamed over the old one.
+    ``windows``: entry id -> {first_failing|last_passing|fixed_in: {package: version}} found by a bisection or a twin
+    run, written into that entry (or into the new entry of that id). A new failure that passed in one of its
+    confirming runs is added as ``kind: flaky`` with its ``pass_rate``. Returns the lines to report."""
+    windows = dict(windows or {})
     path = Path(path)
     text = path.read_text() if path.exists() else ""
-    doc = YAML(typ="rt").load(text) if text.strip() else None
-    doc = doc if doc is not None else []
-    lines = text.splitlines(keepends=True)
-    spans = _entry_spans(lines, [e.lc.line for e in doc])
-    ids = {e.get("id"): i for i, e in enumerate(doc)}
-    drop, changes, added = set(), [], []
-    for eid in passing_entries:
-        if eid in ids:
-            first, last = spans[ids[eid]]
-            while first > 0 and lines[first - 1].lstrip().startswith("#"):
-                first -= 1  # the entry's own comment
-            drop.update(range(first, last + 1))
-            changes.append(f"removed {eid}: every cell it covers passed")
+    doc, lines, spans, ids = _parsed(text)
     dumper = YAML(typ="rt")
     dumper.indent(mapping=2, sequence=2, offset=0)
     dumper.width = 4096
+    changes = []
+    for eid in [e for e in windows if e in ids and e not in passing_entries]:  # windows of entries in the file
+        window = windows.pop(eid)
+        lines = _set_window(lines, spans[ids[eid]], window, dumper)
+        changes.append(f"window of {eid}: " + "; ".join(f"{k} {v}" for k, v in window.items()))
+        doc, lines, spans, ids = _parsed("".join(lines))
+    drop, added = set(), []
+    for eid in passing_entries:
+        if eid in ids:
+            first, last = spans[ids[eid]]
+            above = first
+            while above > 0 and lines[above - 1].lstrip().startswith("#"):
+                above -= 1
+            if ids[eid] > 0:  # (the comments before the first entry are the file's header: they stay)
+                first = above  # the entry's own comment
+            drop.update(range(first, last + 1))
+            changes.append(f"removed {eid}: every cell it covers passed")
     for profile, result in new_failures:
         eid = f"{profile}-{result.id}"
         pattern = _escape(" ".join((result.signature or "").split(" ")[:12]))
@@ -54,16 +69,75 @@ def update_file(path, new_failures, passing_entries, date):
             continue
         when = CommentedMap([("profile", profile), *result.axes.items()])
         when.fa.set_flow_style()
-        entry = CommentedMap([("id", eid), ("when", when), ("error", pattern), ("kind", "xfail"),
-                              ("link", "TODO"), ("reason", f"{result.failure_class}: "
-                                                           f"{(result.error_line or '')[:160]} (first seen {date})")])
+        rate = (result.confirm or {}).get("pass_rate") if result.flaky else None
+        entry = CommentedMap([("id", eid), ("when", when), ("error", pattern),
+                              ("kind", str(KnownKind.FLAKY if rate is not None else KnownKind.XFAIL)),
+                              *([("pass_rate", rate)] if rate is not None else []),
+                              ("link", TODO_LINK), ("reason", f"{result.failure_class}: "
+                                                              f"{(result.error_line or '')[:160]} (first seen {date})")])
+        for key, value in windows.pop(eid, {}).items():
+            entry[key] = CommentedMap(value)
+            entry[key].fa.set_flow_style()
         added.append(eid)
         out = io.StringIO()
         dumper.dump([entry], out)
         lines.append(("" if not lines or lines[-1].endswith("\n") else "\n") + out.getvalue())
-        changes.append(f"added {eid} (link: TODO; fill it in before the file loads again)")
-    path.write_text("".join(line for n, line in enumerate(lines) if n not in drop))
+        changes.append(f"added {eid} (link: {TODO_LINK!r}: name it; the file loads with a warning until then)")
+    _replace(path, "".join(line for n, line in enumerate(lines) if n not in drop), check)
     return changes
+
+
+def _parsed(text):
+    """(document, lines, (first, last) line of each entry, entry id -> index) of a known-failures text."""
+    doc = YAML(typ="rt").load(text) if text.strip() else None
+    doc = doc if doc is not None else []
+    lines = text.splitlines(keepends=True)
+    if not doc:
+        lines = _without_empty_flow_list(lines)  # `[]`: the entries go where it stood, as a block list
+    return doc, lines, _entry_spans(lines, [e.lc.line for e in doc]), {e.get("id"): i for i, e in enumerate(doc)}
+
+
+def _set_window(lines, span, window, dumper):
+    """Set the window keys of the entry at ``span``: a line of each replaced where it exists, else added at its end."""
+    first, last = span
+    indent = "  "
+    for key, value in window.items():
+        flow = CommentedMap(value)
+        flow.fa.set_flow_style()
+        text = f"{indent}{key}: {_scalar(dumper, flow)}\n"
+        at = next((n for n in range(first, last + 1) if re.match(rf"\s*(- )?{key}:", lines[n])), None)
+        if at is not None:
+            lines[at] = text
+        else:
+            lines.insert(last + 1, text)
+            last += 1
+    return lines
+
+
+def _without_empty_flow_list(lines):
+    """The lines of a file whose document is an empty list written ``[]``, without that ``[]`` (comments stay)."""
+    out = []
+    for line in lines:
+        body, hash_, comment = line.partition("#")
+        if body.strip() == "[]":
+            line = (hash_ + comment) if hash_ else ""
+        out.append(line)
+    return [line for line in out if line]
+
+
+def _replace(path: Path, text: str, check):
+    """Write ``text`` to a temporary file beside ``path``, load it back, then rename it over ``path``: a text that
+    would not load never replaces the old file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        YAML(typ="rt").load(text)  # (valid YAML first: a MatrixError from check names the entry)
+        if check:
+            check(tmp)
+    except Exception:
+        tmp.unlink()
+        raise
+    os.replace(tmp, path)
 
 
 def _escape(text):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kinds import KnownKind, Status
-from .known import Entry, KnownFailures, signature
+from .known import Entry, KnownFailures, outside_window, signature
 from .results import CellResult
 
 
@@ -17,8 +17,9 @@ class Verdict:
     message: str = ""
     flaky: bool = False
 
-def judge(result, entries: list, gate: bool) -> Verdict:
-    """The pytest outcome of a finished cell, given the known-failure entries that apply to it."""
+def judge(result, entries: list, gate: bool, updating=False) -> Verdict:
+    """The pytest outcome of a finished cell, given the known-failure entries that apply to it (``updating``: this run
+    rewrites the known-failures file at its end)."""
     expected = [e for e in entries if e.kind in (KnownKind.XFAIL, KnownKind.FLAKY)]
     if result.status == Status.PASSED:
         flaky = next((e for e in expected if e.kind == KnownKind.FLAKY), None)
@@ -26,8 +27,9 @@ def judge(result, entries: list, gate: bool) -> Verdict:
             return Verdict(Status.PASSED, flaky, f"known flaky {flaky.label()} passed this time", flaky=True)
         xfail = next((e for e in expected if e.kind == KnownKind.XFAIL), None)
         if xfail:
-            msg = (f"known failure {xfail.id} no longer fails: delete it from {xfail.where} "
-                   f"(or run --simplefsdp-update-known-failures); {xfail.link}")
+            how = ("this run's --simplefsdp-update-known-failures removes it if every cell it covers passes" if updating
+                   else "or run --simplefsdp-update-known-failures")
+            msg = f"known failure {xfail.id} no longer fails: delete it from {xfail.where} ({how}); {xfail.link}"
             return Verdict(Status.FAILED if gate else Status.XPASSED, xfail, msg)
         return Verdict(Status.PASSED)
     sig = signature(result.error_text or result.error_line)
@@ -36,6 +38,10 @@ def judge(result, entries: list, gate: bool) -> Verdict:
         if e.classes and result.failure_class not in e.classes:
             continue
         if e.pattern.search(sig) or e.pattern.search(raw):
+            outside = outside_window(e, getattr(result, "versions", None))
+            if outside:  # the entry's own window says this cell should pass here
+                return Verdict(Status.FAILED, None, f"fails as known failure {e.label()} says, but {outside}: its "
+                                                    f"window is wrong, or this is another regression")
             return Verdict(Status.XFAILED, e, f"known failure {e.label()}: {e.reason}", flaky=e.kind == KnownKind.FLAKY)
     if expected:
         wanted = "; ".join(f"{e.id}: /{e.error}/" for e in expected)
@@ -43,9 +49,9 @@ def judge(result, entries: list, gate: bool) -> Verdict:
     return Verdict(Status.FAILED)
 
 
-def apply(result, entries: list, gate: bool) -> Verdict:
+def apply(result, entries: list, gate: bool, updating=False) -> Verdict:
     """Judge a result and write the verdict into it: status, verdict text, flaky, signature, known failure."""
-    verdict = judge(result, entries, gate)
+    verdict = judge(result, entries, gate, updating)
     result.signature = signature(result.error_text or result.error_line)
     result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
     result.known_failure = verdict.entry.id if verdict.entry else None

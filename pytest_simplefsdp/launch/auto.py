@@ -32,6 +32,9 @@ class AutoLauncher:
     def launch(self, spec):
         return self.resolve(spec.device).launch(spec)
 
+    def incidents(self):
+        return [line for launcher in self.made.values() for line in getattr(launcher, "incidents", list)()]
+
     def close(self):
         for launcher in self.made.values():
             launcher.close()

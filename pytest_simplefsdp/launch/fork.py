@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -18,8 +17,8 @@ import psutil
 
 from ..commands import RankCommand
 from .local import LocalLauncher
-from .procs import MARKER, SESSION, die_with_parent, kill_procs, python_module, python_path, rank_env, worker_vars, \
-    spawn, token_of
+from .procs import (MARKER, SESSION, cell_processes, die_with_parent, interpreter, kill_procs, python_module,
+                    python_path, rank_env, spawn, token_of, worker_vars)
 from .spec import LaunchOutcome, LaunchSpec
 
 
@@ -43,10 +42,13 @@ class _ForkServer:
         env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = python_path(command)
         self.errors = tempfile.TemporaryFile()  # the server's own stderr: why it did not start
-        self.proc = spawn([sys.executable, "-m", "pytest_simplefsdp.launch.forkserver", *preload], env=env,
+        self.proc = spawn([interpreter(command.argv), "-m", "pytest_simplefsdp.launch.forkserver", *preload], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
                                      bufsize=1, cwd=command.cwd, preexec_fn=die_with_parent(signal.SIGKILL))
+        self.preload = preload
         self.ranks, self.replies, self.busy, self.ready = {}, [], False, None
+        self.exit = None  # why the server ended on its own, once it has: its exit code and last stderr line
+        self.closing = False  # ended by close(): not an incident
         self.changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
         with self.changed:  # bounded: an import that blocks must not hold the run (the cell's clock starts later)
@@ -81,6 +83,8 @@ class _ForkServer:
                     self.changed.notify_all()
         finally:
             # the server is gone (its ranks die with it: PR_SET_PDEATHSIG): no rank may wait for a word forever
+            if not self.closing:
+                self.exit = self._exit_line()
             with self.changed:
                 self.ready = bool(self.ready)
                 for rank in self.ranks.values():
@@ -88,6 +92,19 @@ class _ForkServer:
                         rank.returncode = -int(signal.SIGKILL)
                         rank.done.set()
                 self.changed.notify_all()
+
+    def _exit_line(self):
+        """How the server ended, noticed when its output closed: exit code (or signal) and its last stderr line."""
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.errors.seek(0)
+        tail = [line for line in self.errors.read().decode(errors="replace").splitlines() if line.strip()]
+        how = ("still running with its output closed" if code is None else
+               f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}")
+        return (f"fork server pid {self.proc.pid} (preloading {' '.join(self.preload)}) {how}"
+                + (f"; its last line: {tail[-1]}" if tail else ""))
 
     def start(self, request):
         with self.changed:
@@ -102,11 +119,19 @@ class _ForkServer:
         return [p for p in psutil.process_iter(["pid"]) if p.pid != self.proc.pid and token_of(p) == self.marker]
 
     def close(self):
+        """End the server and whatever it forked; a server that already ended (and was reaped) is fine."""
+        self.closing = True
         try:
             self.proc.stdin.close()
         except OSError:
             pass
-        kill_procs([psutil.Process(self.proc.pid)] + self.processes(), grace=2)
+        procs = self.processes()
+        if self.proc.poll() is None:
+            try:
+                procs.insert(0, psutil.Process(self.proc.pid))
+            except psutil.NoSuchProcess:
+                pass
+        kill_procs(procs, grace=2)
 
 
 class ForkLauncher(LocalLauncher):
@@ -126,11 +151,21 @@ class ForkLauncher(LocalLauncher):
         self.servers = {}  # environment key -> its servers; a server runs one cell at a time
         self.count = 0
         self.lock = threading.Lock()
+        self.ended = []  # lines of servers that ended before the session did (noticed by their reader thread)
+
+    @staticmethod
+    def unforkable(command: RankCommand) -> str | None:
+        """Why this launcher runs a command under local instead of forking it, or None."""
+        if python_module(command.argv) is None:
+            return "not a `python -m module` program"
+        return command.unforkable
+
+    def runs_as(self, command: RankCommand) -> str:
+        """The launcher that really runs a command: fork, or local for what it cannot fork."""
+        return LocalLauncher.name if self.unforkable(command) else self.name
 
     def launch(self, spec: LaunchSpec) -> LaunchOutcome:
-        why = spec.command.unforkable
-        if python_module(spec.command.argv) is None or Path(spec.command.argv[0]) != Path(sys.executable):
-            why = "not a `python -m module` program of this interpreter"
+        why = self.unforkable(spec.command)
         if why:
             out = LocalLauncher().launch(spec)
             out.notes.append(f"fork launcher: {why}; ran under the local launcher")
@@ -141,9 +176,12 @@ class ForkLauncher(LocalLauncher):
         """An idle server of the command's environment, started when none is: cells that run at once
         (--simplefsdp-jobs) each get their own, so a server's marker names exactly one cell's ranks."""
         env = {k: v for k, v in command.env.items() if k not in self.PER_CELL_ENV}
-        key = json.dumps([env, command.cwd, command.preload], sort_keys=True)
+        key = json.dumps([command.argv[0], env, command.cwd, command.preload], sort_keys=True)
         with self.lock:
             pool = self.servers.setdefault(key, [])
+            for gone in [s for s in pool if s.exit is not None]:  # an ended server is named once, then dropped
+                self.ended += [gone.exit] if gone.exit not in self.ended else []
+                pool.remove(gone)
             server = next((s for s in pool if not s.busy and s.proc.poll() is None), None)
             if server is None:
                 module = python_module(command.argv)[0]
@@ -170,8 +208,19 @@ class ForkLauncher(LocalLauncher):
 
         def release():
             server.busy = False
+            if server.exit is not None:  # it ended while this cell ran: the cell says so
+                out.notes.append(server.exit)
 
-        return ranks, server.processes, release
+        # the cell's processes: its forked ranks (which carry the server's marker) and what they started (which
+        # carries the cell's token, as under every other launcher)
+        return ranks, lambda: server.processes() + cell_processes(token), release
+
+    def incidents(self):
+        """The servers that ended before the session did, each once: the summary names them."""
+        with self.lock:
+            for pool in self.servers.values():
+                self.ended += [s.exit for s in pool if s.exit is not None and s.exit not in self.ended]
+            return list(self.ended)
 
     def close(self):
         for pool in self.servers.values():

@@ -19,19 +19,31 @@ import signal
 import sys
 import traceback
 
+from pytest_simplefsdp.launch import reaper
+
 
 def _child(req, rank, server):
     """A rank, in a forked child: whatever the target does (even closing stdout and stderr before it
-    raises), the child leaves through os._exit with the rank's code and never returns into the server."""
+    raises), the child leaves through os._exit with the rank's code and never returns into the server. Before
+    that it does what a reaper does for the other launchers' ranks (reaper.py): it names in its log, and
+    kills, every process it leaves behind."""
     code = 1
     try:
         code = _rank(req, rank, server)
     finally:
-        os._exit(code)
+        try:
+            lines = reaper.sweep()
+            if lines:
+                fd = os.open(req["logs"][rank], os.O_WRONLY | os.O_APPEND)
+                os.write(fd, ("\n" + "\n".join(lines) + "\n").encode())
+                os.close(fd)
+        finally:
+            os._exit(code)
 
 
 def _rank(req, rank, server):
     os.setsid()
+    reaper.subreaper()  # what the rank starts and leaves comes back here (see _child)
     try:
         import ctypes
 

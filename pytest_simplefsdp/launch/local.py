@@ -8,7 +8,8 @@ import shlex
 import signal
 import subprocess
 
-from .procs import cell_token, die_with_parent, kill_cell, quote_env, rank_env, spawn, worker_vars
+from .procs import cell_token, check_runnable, interpreter, die_with_parent, kill_cell, quote_env, rank_env, spawn, worker_vars
+from .reaper import reaped
 from .spec import LaunchOutcome, LaunchSpec
 from .supervisor import Supervisor
 
@@ -62,6 +63,7 @@ class LocalLauncher:
     def _start(self, spec, token, out):
         """Start the ranks: (rank -> process, finder of the cell's processes, clean-up)."""
         base = rank_env(spec, token)
+        check_runnable(spec.command.argv, spec.command.cwd, base)
         procs, files = {}, []
         try:
             for r in range(spec.nproc):
@@ -70,7 +72,7 @@ class LocalLauncher:
                 out.rank_logs[r] = [log]
                 f = open(log, "wb")
                 files.append(f)
-                procs[r] = spawn(spec.command.argv, env=env, cwd=spec.command.cwd, stdout=f,
+                procs[r] = spawn(reaped(spec.command.argv, interpreter(spec.command.argv)), env=env, cwd=spec.command.cwd, stdout=f,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
         except OSError:

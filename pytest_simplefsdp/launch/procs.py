@@ -6,11 +6,14 @@ subreaper, so a process that sheds its session and environment still comes back 
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -168,6 +171,22 @@ def die_with_parent(sig=signal.SIGTERM):
     return arm
 
 
+def check_runnable(argv, cwd=None, env=None):
+    """Raise the OSError starting ``argv`` would raise (no such program, not executable): a rank starts under its
+    reaper, which is always runnable, so the launcher asks first and reports the program's own error."""
+    prog = argv[0]
+    if os.sep not in prog:
+        found = shutil.which(prog, path=(env or os.environ).get("PATH"))
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), prog)
+        return
+    path = os.path.join(cwd or "", prog)
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), prog)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), prog)
+
+
 def python_path(command: RankCommand):
     """The harness's sitecustomize first (stack dumps on SIGUSR1), then the target's, then ours."""
     parts = [str(SHIM_DIR), *command.env.get("PYTHONPATH", "").split(os.pathsep),
@@ -203,6 +222,12 @@ def worker_vars(spec, r: int, base: dict, token: str):
 
 def quote_env(env: dict):
     return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
+
+
+def interpreter(argv) -> str:
+    """The Python a command runs with: its own where it is ``python -m ...`` (a version set's environment has its
+    own), else this one."""
+    return argv[0] if python_module(argv) else sys.executable
 
 
 def python_module(argv):

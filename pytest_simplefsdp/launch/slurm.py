@@ -22,14 +22,13 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ..paths import probe_folder
-from .procs import cell_token, die_with_parent, quote_env, rank_env, spawn
-from .reaper import SURVIVOR_LINE
+from .procs import cell_token, die_with_parent, interpreter, quote_env, rank_env, spawn
+from .reaper import reaped
 from .spec import LaunchOutcome, LaunchSpec
 from .supervisor import STACK_DUMP_WAIT_S, Supervisor
 from .torchrun import TorchrunLauncher, read_root_cause
@@ -37,7 +36,6 @@ from .torchrun import TorchrunLauncher, read_root_cause
 GPUS_PER_NODE = 8  # a GPU cell's default ranks per node
 STEP_LINE = "simplefsdp-step"
 STEP = re.compile(rf"(?m)^{STEP_LINE} (\d+)\.(\d+) node (\d+) of (\S+)")
-SURVIVOR = re.compile(rf"(?m)^{SURVIVOR_LINE} (pid \d+ \(.*\))$")
 QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
 CANCELLED = re.compile(r"(?m)^.*\*\*\* (?:STEP|JOB) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?: \*\*\*|$).*$")
 SRUN_ERROR = re.compile(r"(?m)^srun: (?:error|fatal): (.*)$")
@@ -120,7 +118,7 @@ class SlurmLauncher:
         head = ("addr=127.0.0.1" if nodes == 1 else  # the step's first node, as SLURM reaches it
                 'head=$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n1); '
                 'addr=$(scontrol show node "$head" | sed -n "s/.* NodeAddr=\\([^ ]*\\).*/\\1/p")')
-        reaper = [sys.executable, "-m", "pytest_simplefsdp.launch.reaper"]  # nothing of the cell outlives it
+        reaper = reaped([], interpreter(spec.command.argv))[:-1]  # around torchrun too: nothing outlives the step
         script = (f"trap \"\" USR1; echo \"{STEP_LINE} $SLURM_JOB_ID.$SLURM_STEP_ID node $SLURM_NODEID of "
                   f"$SLURM_STEP_NODELIST\"; {head}; exec " + " ".join(map(_shell_word, reaper + torchrun)))
         return argv + ["bash", "-c", script]
@@ -163,7 +161,6 @@ class SlurmLauncher:
         out.rank_logs = rank_logs(spec.log_dir, nodes, per_node)  # torchrun made them while the step ran
         code = out.exit_codes.pop("srun", None)
         step.read_slurm_verdict(code)
-        out.survivors += SURVIVOR.findall(out.launcher_log.read_text(errors="replace"))  # named by the node's reaper
         if not out.launch_error:
             read_root_cause(out, code)
         return out

@@ -26,6 +26,7 @@ class LaunchOutcome:
     exit_codes: dict[int, int] = field(default_factory=dict)  # rank -> exit code (negative: signal)
     launcher_exit: int | None = None  # a launcher process's own failure (torchrun, srun) no rank explains
     first_failed_rank: int | None = None
+    left: dict = field(default_factory=dict)  # rank -> (seconds after the start, exit code or None): when it ended
     timed_out: bool = False
     stuck_ranks: list = field(default_factory=list)
     log_flood: int = 0  # the log limit in bytes that the cell's output passed

@@ -1,18 +1,23 @@
 """The one supervisor every launcher uses: it waits for a cell's root processes, tears a cell down at
 its first failure (SIGTERM, a short grace, then SIGKILL), dumps stacks and stops the cell at its
-timeout, stops a log flood, and kills whatever outlived the cell."""
+timeout, stops a log flood, and kills whatever outlived the cell: what each rank's reaper named in its log
+(launch/reaper.py), then whatever still carries the cell's marker or came back to the runner."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
 import psutil
 
 from .procs import TERM_GRACE_S, cell_processes, kill_procs, orphans_since, runner_children
+from .reaper import SURVIVOR_LINE
 
+SURVIVOR = re.compile(rf"(?m)^{SURVIVOR_LINE} (pid \d+ \(.*\))$")
 POLL_S = 0.05
+RANKS_POLL_S = 0.5  # how often ranks below another process (torchrun's, a SLURM step's) are listed
 STACK_DUMP_WAIT_S = 1.5
 
 
@@ -67,7 +72,18 @@ class Supervisor:
             kill_procs(orphans_since(before), grace=0.5)
             raise
         self.outcome.wall = time.monotonic() - start
-        self.outcome.survivors = self.kill() + kill_procs(orphans_since(before), grace=0.5)
+        self.outcome.survivors = (self.reaped() + self.kill() + kill_procs(orphans_since(before), grace=0.5))
+
+    def reaped(self):
+        """What the ranks' reapers named and killed (launch/reaper.py): the lines they left in the cell's logs."""
+        found = []
+        for path in sorted(self.spec.log_dir.rglob("*.log")):
+            try:
+                with open(path, "rb") as f:
+                    found += SURVIVOR.findall(f.read().decode(errors="replace"))
+            except OSError:
+                pass
+        return found
 
     def deadline(self, start, now):
         """When the cell counts as hung (a scheduler's launcher starts the clock later)."""
@@ -81,8 +97,24 @@ class Supervisor:
                                           (k for k in procs if k not in self.outcome.exit_codes))
         self.kill()
 
+    def note_leavers(self, now, start, procs, alive_ranks):
+        """When each rank ended (``outcome.left``): a rank that leaves while its peers run on is the cause when the
+        cell then hangs. Ranks the launcher started as processes report their exit code; ranks below another
+        process (torchrun's workers, a SLURM step's) are seen gone from ``alive_ranks``, their code unknown here."""
+        left = self.outcome.left
+        for key, code in self.outcome.exit_codes.items():
+            if isinstance(key, int):
+                left.setdefault(key, (round(now - start, 2), code))
+        if alive_ranks is not None and now >= self._ranks_polled + RANKS_POLL_S:
+            self._ranks_polled = now
+            alive = set(alive_ranks())
+            for rank in self._seen - alive:
+                left.setdefault(rank, (round(now - start, 2), None))
+            self._seen |= alive
+
     def _watch(self, procs, on_first_failure, alive_ranks, start):
         self._listed, self._logs = -1e9, []
+        self._seen, self._ranks_polled = set(), -1e9  # the ranks seen running (alive_ranks), when last asked
         torn_down = None  # when the first failure's tear-down (SIGTERM) went out
         while True:
             for key, p in procs.items():
@@ -100,6 +132,8 @@ class Supervisor:
                     self.cap_logs()
                 break
             now = time.monotonic()
+            if torn_down is None:  # (after a failure, who ends when is the tear-down's doing)
+                self.note_leavers(now, start, procs, alive_ranks)
             if torn_down is not None and now > torn_down + TERM_GRACE_S:
                 # a peer that ignores SIGTERM must not turn the first failure into a hang
                 self.outcome.notes.append(f"ranks still running {TERM_GRACE_S:.0f} s after rank "

@@ -6,12 +6,12 @@ from __future__ import annotations
 import shlex
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 
-from .procs import cell_processes, cell_token, die_with_parent, python_module, quote_env, rank_env, spawn
+from .procs import cell_processes, cell_token, die_with_parent, interpreter, python_module, quote_env, rank_env, spawn
+from .reaper import reaped
 from .spec import LaunchOutcome, LaunchSpec
 from .supervisor import Supervisor
 
@@ -24,18 +24,16 @@ class TorchrunLauncher:
 
     def torchrun_argv(self, spec: LaunchSpec, nproc=None, addr="127.0.0.1", log_dir=None, nodes=()):
         """torchrun for the cell; ``nodes``: extra rendezvous options of a multi-node run."""
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc or spec.nproc}",
+        argv = [interpreter(spec.command.argv), "-m", "torch.distributed.run", f"--nproc-per-node={nproc or spec.nproc}",
                 *nodes, f"--master-addr={addr}", f"--master-port={spec.port}", "--max-restarts=0",
                 f"--log-dir={log_dir or spec.log_dir / 'torchrun'}", "--redirects=3",
                 *(["--virtual-local-rank"] if spec.command.virtual_local_rank else [])]
-        module = python_module(spec.command.argv)
-        if module:
-            return argv + ["-m", module[0], *module[1]]
-        return argv + ["--no-python", *spec.command.argv]
+        # each worker under its own reaper (launch/reaper.py): what a rank leaves behind is named in its log
+        return argv + ["--no-python", *reaped(spec.command.argv, interpreter(spec.command.argv))]
 
     def reproducer(self, spec: LaunchSpec):
         module = python_module(spec.command.argv)
-        exe = Path(sys.executable).parent / "torchrun"  # the environment's own, so it runs from any shell
+        exe = Path(interpreter(spec.command.argv)).parent / "torchrun"  # the environment's own: runs from any shell
         head = f"{exe if exe.exists() else 'torchrun'} --nproc-per-node={spec.nproc} --master-port={spec.port}"
         head += " --virtual-local-rank" if spec.command.virtual_local_rank else ""
         body = f"-m {module[0]} {shlex.join(module[1])}" if module else f"--no-python {shlex.join(spec.command.argv)}"

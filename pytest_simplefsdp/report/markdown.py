@@ -1,54 +1,84 @@
-"""Step 7 for the tracking issue: the status markdown (--simplefsdp-status-md): per profile the status by feature,
-then one grid per model, footnotes with the known failures' links."""
+"""Step 7 for the tracking issue: the status markdown (--simplefsdp-status-md). Per profile: how many of its valid
+cells ran, the status by feature, which combinations fail, then one grid per model with every valid cell (``·``
+where it did not run), footnotes with the known failures' links. Text from a run is shown as code spans (it never
+renders as markup), and every link is relative to the folder the file is written to, so the file can be pasted or
+committed beside the run."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import os
+import re
 from pathlib import Path
 
 from tabulate import tabulate
 
+from ..kinds import Status
+from .combos import failing_combinations
 from .compare import MARKS, key
-from .status import status_view_md
+from .status import features
 from .tables import (GRID_KEY, MUTATION_HEADERS, STATUS_MD, TRACE_NOTE, grid, mutation_rows, mutation_score,
-                     where_line)
+                     summary_counts, where_line)
+
+LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 known flaky (or a flaky cell's flip since the "
+          "compared run) · ⚠️ known failure that passed (XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) "
+          "· 🆕 newly broken · 🎉 newly fixed · 🔀 failure signature changed since the compared run · " + GRID_KEY)
 
 
-LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 known flaky · ⚠️ known failure that passed "
-          "(XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) · 🆕 newly broken · 🎉 newly fixed · "
-          "🔀 failure signature changed since the compared run · " + GRID_KEY)
+def code(text) -> str:
+    """Text that came from a run (a rank's error line, a verdict quoting it) as a markdown code span: shown as the
+    characters it is wherever the file is rendered (markup, HTML and links in it stay text). One line; a fence one
+    backtick longer than any run of backticks inside."""
+    text = " ".join(str(text or "").split())
+    if not text:
+        return ""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def render_md(doc):
-    """The status table people used to keep by hand: one grid per profile and model, footnotes."""
+def relative(target, base) -> str:
+    """A path as a link relative to ``base`` (the folder the markdown is written to)."""
+    return Path(os.path.relpath(Path(target).resolve(), Path(base).resolve())).as_posix()
+
+
+def render_md(doc, base=None):
+    """The status people used to keep by hand; ``base``: the folder links are relative to (default: the cwd)."""
+    base = base or Path.cwd()
     out, notes = ["# SimpleFSDP composability status", "", LEGEND, ""], []
-    changes = doc.get("comparison", {})
+    changes = doc.get("comparison") or {}
+    if doc.get("compared_with") is not None:
+        out.extend(comparison_md(doc, changes))
+    for line in doc.get("incidents") or ():
+        out.extend([f"> launcher incident: {code(line)}", ""])
     for run in doc["runs"]:
         meta = run["meta"]
-        versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-        tier = f", tier {meta['tier']}" if meta.get("tier") not in (None, "real") else ""
-        if tier:
+        if meta.get("tier") not in (None, "real"):
             out.extend([f"> {TRACE_NOTE}", ""])
-        models = OrderedDict()
+        out.extend([f"## Profile {meta.get('profile', '?')} — {summary_counts(run)}", "",
+                    f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, "
+                    + ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
+                    + f", {meta.get('date', '')}{where_line(meta)}{known_failures_line(meta)}", ""])
+        out.extend(status_md(run))
+        out.extend(combinations_md(run))
+        records = {(rec["axes"].get("model", "")): [] for rec in run["meta"].get("valid", [])}
         for rec in run["cells"]:
-            models.setdefault(rec["axes"].get("model", ""), []).append(rec)
-        out.extend(status_view_md(run))
-        for model, cells in models.items():
-            out.append(f"## {model or meta.get('matrix', '?')} — profile {meta.get('profile', '?')}{tier}")
+            records.setdefault(rec["axes"].get("model", ""), []).append(rec)
+        for model, cells in records.items():
+            ran = len(cells)
+            valid = sum(1 for v in run["meta"].get("valid", []) if v.get("model", "") == model) or ran
+            out.append(f"### {model or meta.get('matrix', '?')}: {ran} of {valid} valid cells run")
             out.append("")
-            out.append(f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, {versions}, "
-                       f"{meta.get('date', '')}{where_line(meta)}")
-            out.append("")
-            sub = model_grid(run, model)
-            for rec in cells:
-                symbol = "🔁" if rec.get("flaky") else STATUS_MD.get(rec["status"], rec["status"])
-                mark = MARKS.get(changes.get(key(meta, rec), ""), "")
-                note = _note(rec)
+
+            def symbol(rec):
+                text = "🔁" if rec.get("flaky") else STATUS_MD.get(rec["status"], rec["status"])
+                note = _note(rec, base)
                 if note:
                     notes.append(note)
-                    symbol += f"[^{len(notes)}]"
-                sub["cells"].append({**rec, "row": strip_model(rec["row"], model), "status": symbol + mark})
-            headers, body = grid(sub, markdown=False, symbols=False)
+                    text += f"[^{len(notes)}]"
+                return text + MARKS.get(changes.get(key(meta, rec), ""), "")
+
+            sub = model_grid(run, model, cells)
+            headers, body = grid(sub, cell=symbol, na=lambda rec: STATUS_MD["dropped"], every_row=True)
             out.append(tabulate(body, headers=headers, tablefmt="github"))
             out.append("")
         if run.get("mutants"):
@@ -58,13 +88,56 @@ def render_md(doc):
         out.extend(f"[^{i}]: {note}" for i, note in enumerate(notes, 1))
         out.append("")
     if doc.get("walltime_plot"):
-        out.extend([f"Wall time per cell: [{Path(doc['walltime_plot']).name}]({doc['walltime_plot']})", ""])
+        out.extend([f"Wall time per cell: [{Path(doc['walltime_plot']).name}]({relative(doc['walltime_plot'], base)})",
+                    ""])
     return "\n".join(out)
 
 
-def model_grid(run, model):
-    """A run's grid input for one model's table (no cells yet): its dropped and valid places, rows without it."""
-    return {"meta": run["meta"], "cells": [],
+def known_failures_line(meta):
+    known = meta.get("known_failures")
+    return f"; judged against {known['path']} (sha256 {known['sha256'][:12]})" if known else ""
+
+
+def comparison_md(doc, changes):
+    out = [f"**Changes since {code(doc['compared_with'])}:** " + (f"{len(changes)} cells" if changes else "none"), ""]
+    out.extend(f"- {MARKS.get(change, '')} {change}: `{k}`" for k, change in changes.items())
+    return out + ([""] if changes else [])
+
+
+def status_md(run):
+    """The status by feature, in the tracking issue's shape: a checklist per group with the entries' links."""
+    groups = features(run)
+    if not groups:
+        return []
+    out = ["**Status by feature** (Done: every valid cell with it ran and passed; Partly run: some did not run in "
+           "this run; In progress: the others fail as known failures; Failing: one fails with a new error)", ""]
+    for group, rows in groups:
+        out.append(f"*{group}*")
+        out.append("")
+        for f in rows:
+            links = "; known failures: " + ", ".join(f"[`{e}`]({link})" for e, link in f.entries) if f.entries else ""
+            out.append(f"- [{f.state}] {f.name}: {f.counts()}{links}")
+        out.append("")
+    return out
+
+
+def combinations_md(run):
+    found = failing_combinations(run)
+    if not found:
+        return []
+    out = ["**Which combination fails** (the axis values every cell failing with an error shares and no passing "
+           "neighbour has):", ""]
+    for c in found:
+        entry = f", known failure `{c.known}`" if c.known else ""
+        what = c.label() if c.separated else f"{c.label()} (no passing neighbour ran: what they share)"
+        out.append(f"- {what}: {len(c.cells)} cells{entry}: {code(c.signature[:160])}")
+    return out + [""]
+
+
+def model_grid(run, model, cells=()):
+    """A run's grid input for one model's table: its cells, dropped and valid places, rows without the model."""
+    return {"meta": run["meta"],
+            "cells": [dict(rec, row=strip_model(rec["row"], model)) for rec in cells],
             "dropped": [dict(d, row=strip_model(d["row"], model)) for d in run["dropped"]
                         if d["axes"].get("model", "") == model],
             "valid": [dict(v, row=strip_model(v["row"], model)) for v in run["meta"].get("valid", [])
@@ -78,15 +151,15 @@ def strip_model(row, model):
     return row
 
 
-def _note(rec):
-    if rec["status"] in ("xfailed", "skipped") and rec.get("known_failure"):
+def _note(rec, base):
+    if rec["status"] in (Status.XFAILED, Status.SKIPPED) and rec.get("known_failure"):
         return (f"`{rec['id']}`: known failure `{rec['known_failure']}` ({rec.get('known_failure_link')}): "
-                f"{rec.get('error_line') or rec.get('verdict') or ''}")
-    if rec["status"] == "failed" and not rec.get("failure_class"):  # a known failure the gate saw pass
-        return f"`{rec['id']}`: {rec.get('verdict', '')}"
-    if rec["status"] == "failed":
-        plot = f" ([loss and grad-norm curves]({rec['plot']}))" if rec.get("plot") else ""
-        return f"`{rec['id']}`: {rec.get('failure_class')}: {rec.get('error_line') or ''}{plot}"
-    if rec["status"] == "xpassed":
-        return f"`{rec['id']}`: {rec.get('verdict', '')}"
+                f"{code(rec.get('error_line') or rec.get('verdict'))}")
+    if rec["status"] == Status.FAILED and not rec.get("failure_class"):  # a known failure the gate saw pass
+        return f"`{rec['id']}`: {code(rec.get('verdict'))}"
+    if rec["status"] == Status.FAILED:
+        plot = f" ([loss and grad-norm curves]({relative(rec['plot'], base)}))" if rec.get("plot") else ""
+        return f"`{rec['id']}`: {rec.get('failure_class')}: {code(rec.get('error_line'))}{plot}"
+    if rec["status"] == Status.XPASSED:
+        return f"`{rec['id']}`: {code(rec.get('verdict'))}"
     return None

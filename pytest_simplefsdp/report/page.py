@@ -1,74 +1,273 @@
-"""Step 7, for a browser: a run as one static HTML page (``index.html``), readable from disk without a server.
-The status by feature, then per profile and model the grid, each cell linking its log (the failing rank's
-for a failure) and its details below: reproducer, every rank's log, plots, the compile trace's index."""
+"""Step 7, for a browser: a run as one static HTML page, a triage rather than a list. Failures first, grouped new /
+known / flaky / fixed, each with its error line, failing rank, entry and link, and its log; then the changes since
+a compared run (named); the status by feature and which combinations fail; per profile and model the grid with
+every valid cell (an n/a cell's rule on hover); then each cell's details: numerics, evidence, invariants, logs, the
+reproducer folded. Filters by status (checkboxes, or ``#only=failed,xfailed`` in the address). Readable from disk
+without a server; every link is relative to the page. Written as ``DIR/index.html``, or as one self-contained file
+(``*.html``: plots inlined) for attaching to an issue or a CI run."""
 
 from __future__ import annotations
 
+import base64
 import html
 import os
-from collections import OrderedDict
 from pathlib import Path
 
 from tabulate import tabulate
 
+from ..kinds import Status
+from .combos import failing_combinations
 from .compare import MARKS, key
-from .markdown import LEGEND, model_grid, strip_model
+from .markdown import LEGEND, model_grid
 from .status import features
-from .tables import TRACE_NOTE, broken, grid, summary_counts, where_line
+from .tables import NOT_RUN, TRACE_NOTE, grid, summary_counts, where_line
 
-STYLE = """body{font-family:sans-serif;margin:1.5em;max-width:80em}table{border-collapse:collapse;margin:.5em 0 1.5em}
-td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;font-size:90%}a{text-decoration:none}
+STYLE = """body{font-family:sans-serif;margin:1.5em;max-width:90em}table{border-collapse:collapse;margin:.5em 0 1.5em}
+td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;font-size:90%;vertical-align:top}a{text-decoration:none}
 .failed{background:#fdd}.xfailed{background:#ffe9c6}.passed{background:#e6f6e6}.xpassed{background:#f0e0ff}
-code,pre{font-size:85%;white-space:pre-wrap}li{margin:.15em 0}"""
-SYMBOLS = {"passed": "✅ pass", "failed": "❌ FAIL", "xfailed": "🚧 xfail", "xpassed": "⚠️ XPASS", "skipped": "⏭️ skip"}
+.flaky{background:#e0f0ff}.skipped,.notrun{color:#888}.na{color:#aaa}code,pre{font-size:85%;white-space:pre-wrap}
+li{margin:.15em 0}nav label{margin-right:1em}.hidden{display:none}.dim{opacity:.15}h2{border-bottom:1px solid #ddd}
+.error{font-family:monospace;font-size:85%}"""
+# every status a filter can show or hide (a cell's data-status): the outcomes, a known flaky cell, a cell not run
+FILTERS = ("failed", "xfailed", "flaky", "xpassed", "passed", "skipped", "notrun")
+SCRIPT = """function apply(){var off=[];document.querySelectorAll('nav input').forEach(function(b){if(!b.checked)
+off.push(b.value)});document.querySelectorAll('[data-status]').forEach(function(e){var hide=off.indexOf(
+e.dataset.status)>=0;if(e.tagName=='TD'){e.classList.toggle('dim',hide)}else{e.classList.toggle('hidden',hide)}})}
+function init(){var m=location.hash.match(/only=([a-z,]+)/);if(m){var on=m[1].split(',');document.querySelectorAll(
+'nav input').forEach(function(b){b.checked=on.indexOf(b.value)>=0})}document.querySelectorAll('nav input').forEach(
+function(b){b.addEventListener('change',apply)});apply()}document.addEventListener('DOMContentLoaded',init)"""
+GROUPS = (("new", "New failures", "failed with an error no known-failures entry expects"),
+          ("known", "Known failures", "failed as a known-failures entry says"),
+          ("flaky", "Known flaky", "a flaky entry's cell, this time"),
+          ("fixed", "Fixed", "a known failure that passed: delete its entry"))
 
 
-def write(doc, folder: Path) -> Path:
-    """Write ``folder/index.html`` for a run document (store.runs.load_run's shape); returns its path."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "index.html"
-    path.write_text(render(doc, folder))
+def write(doc, target: Path) -> Path:
+    """Write the page for a run document (store.runs.load_run's shape): ``target/index.html``, or ``target`` itself
+    when it names a ``.html`` file (self-contained). Returns its path."""
+    target = Path(target)
+    path = target if target.suffix == ".html" else target / "index.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(doc, path.parent, inline=target.suffix == ".html"))
     return path
 
 
-def render(doc, folder: Path) -> str:
-    link = _linker(folder)
-    out = ["<!doctype html><html><head><meta charset='utf-8'><title>SimpleFSDP composability</title>",
-           f"<style>{STYLE}</style></head><body><h1>SimpleFSDP composability status</h1>",
-           f"<p>{html.escape(LEGEND)}</p>"]
+def status_of(rec) -> str:
+    """The status a filter sees: the outcome, or flaky for a known flaky cell."""
+    return "flaky" if rec.get("flaky") else str(rec["status"])
+
+
+def group_of(rec) -> str | None:
+    if rec.get("flaky"):
+        return "flaky"
+    if rec["status"] == Status.XPASSED or (rec["status"] == Status.FAILED and not rec.get("failure_class")):
+        return "fixed"
+    if rec["status"] == Status.XFAILED:
+        return "known"
+    if rec["status"] == Status.FAILED:
+        return "new"
+    return None
+
+
+def render(doc, folder: Path, inline=False) -> str:
+    link, image = _linker(folder), (_inline if inline else None)
+    runs = doc["runs"]
+    cells = [(run, rec) for run in runs for rec in run["cells"]]
+    title = "; ".join(f"{run['meta'].get('profile')}: {summary_counts(run)}" for run in runs)
+    out = ["<!doctype html><html><head><meta charset='utf-8'>",
+           f"<title>SimpleFSDP composability — {_e(title)}</title><style>{STYLE}</style><script>{SCRIPT}</script>",
+           "</head><body><h1>SimpleFSDP composability status</h1>"]
+    out.extend(f"<p class='summary'><b>{_e(run['meta'].get('profile'))}</b>: {_e(summary_counts(run))}</p>"
+               for run in runs)
+    out.append("<nav>show: " + "".join(f"<label><input type='checkbox' value='{f}' checked> {f}</label>"
+                                       for f in FILTERS) + "</nav>")
+    out.extend(f"<p class='incident'><b>launcher incident:</b> <code>{_e(line)}</code></p>"
+               for line in doc.get("incidents") or ())
+    out.extend(_failures(cells, link))
+    out.extend(_changes(doc))
+    for run in runs:
+        out.extend(_run(run, doc.get("comparison") or {}, link))
+    out.append(f"<p class='legend'>{_e(LEGEND)}</p>")
     if doc.get("walltime_plot"):
-        out.append(f"<p><a href='{link(doc['walltime_plot'])}'>wall time per cell (plot)</a></p>")
-    changes = doc.get("comparison") or {}
-    for run in doc["runs"]:
-        meta = run["meta"]
-        versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-        out.append(f"<h2>Profile {_e(meta.get('profile'))} — {_e(meta.get('matrix'))}</h2>")
-        out.append(f"<p>target {_e(meta.get('target'))}, launcher {_e(meta.get('launcher'))}, tier "
-                   f"{_e(meta.get('tier', 'real'))}, {_e(versions)}, {_e(meta.get('date', ''))}"
-                   f"{_e(where_line(meta))}; {_e(summary_counts(run))}</p>")
-        if meta.get("tier") == "trace":
-            out.append(f"<p><b>{_e(TRACE_NOTE)}</b></p>")
-        out.extend(_features(run))
-        models = OrderedDict()
-        for rec in run["cells"]:
-            models.setdefault(rec["axes"].get("model", ""), []).append(rec)
-        for model, cells in models.items():
-            out.append(f"<h3>{_e(model or meta.get('matrix'))}</h3>")
-            sub = {**model_grid(run, model),
-                   "cells": [{**rec, "row": strip_model(rec["row"], model),
-                              "status": _cell(rec, link, changes.get(key(meta, rec)))} for rec in cells]}
-            headers, body = grid(sub, symbols=False)
-            out.append(tabulate(body, headers=headers, tablefmt="unsafehtml"))
-        out.append("<h3>Cells</h3><ul>")
-        out.extend(_details(rec, link) for rec in run["cells"])
-        out.append("</ul>")
-    out.append("</body></html>")
+        out.append(_img(doc["walltime_plot"], "wall time per cell", link, image))
+    out.append("<h2 id='cells'>Cells</h2><ul class='details'>")
+    out.extend(_details(rec, link, image) for _, rec in cells)
+    out.append("</ul></body></html>")
     return "\n".join(out) + "\n"
+
+
+def _failures(cells, link):
+    out = ["<h2 id='failures'>Failures first</h2>"]
+    grouped = {g: [] for g, _, _ in GROUPS}
+    for run, rec in cells:
+        group = group_of(rec)
+        if group:
+            grouped[group].append((run, rec))
+    if not any(grouped.values()):
+        return out + ["<p>No cell failed.</p>"]
+    for group, title, what in GROUPS:
+        if not grouped[group]:
+            continue
+        out.append(f"<h3 id='failures-{group}'>{title} ({len(grouped[group])})</h3><p>{what}</p>"
+                   f"<table class='failures'><tr><th>cell</th><th>class</th><th>rank</th><th>error</th>"
+                   f"<th>entry</th><th>log</th></tr>")
+        for run, rec in grouped[group]:
+            entry = (f"<a href='{_e(rec['known_failure_link'])}'>{_e(rec['known_failure'])}</a>"
+                     if rec.get("known_failure_link") else "")
+            log = main_log(rec)
+            error = rec.get("error_line") or rec.get("verdict") or ""
+            rank = "" if rec.get("failing_rank") is None else rec["failing_rank"]
+            out.append(f"<tr class='{_e(rec['status'])}' data-status='{_e(status_of(rec))}'>"
+                       f"<td><a href='#cell-{_e(rec['id'])}'>{_e(run['meta'].get('profile'))}::{_e(rec['id'])}</a></td>"
+                       f"<td>{_e(rec.get('failure_class') or '')}</td><td>{_e(rank)}</td>"
+                       f"<td class='error'>{_e(error)}</td><td>{entry}</td>"
+                       f"<td>{f'<a href={_q(link(log))}>log</a>' if log else ''}</td></tr>")
+        out.append("</table>")
+    return out
+
+
+def _changes(doc):
+    if doc.get("compared_with") is None and not doc.get("comparison"):
+        return []
+    changes = doc.get("comparison") or {}
+    out = [f"<h2 id='changes'>Changes since {_e(doc.get('compared_with') or 'the compared run')}</h2>"]
+    if not changes:
+        return out + ["<p>No cell changed.</p>"]
+    out.append("<ul>")
+    out.extend(f"<li>{MARKS.get(change, '')} {_e(change)}: <a href='#cell-{_e(k.split('::', 1)[-1])}'>{_e(k)}</a></li>"
+               for k, change in changes.items())
+    return out + ["</ul>"]
+
+
+def _run(run, changes, link):
+    meta = run["meta"]
+    versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
+    out = [f"<h2>Profile {_e(meta.get('profile'))} — {_e(meta.get('matrix'))}</h2>",
+           f"<p>target {_e(meta.get('target'))}, launcher {_e(meta.get('launcher'))}, tier "
+           f"{_e(meta.get('tier', 'real'))}, {_e(versions)}, {_e(meta.get('date', ''))}{_e(where_line(meta))}; "
+           f"{_e(summary_counts(run))}</p>"]
+    if meta.get("tier") == "trace":
+        out.append(f"<p><b>{_e(TRACE_NOTE)}</b></p>")
+    groups = features(run)
+    if groups:
+        out.append("<h3>Status by feature</h3>")
+        for group, rows in groups:
+            out.append(f"<p><b>{_e(group)}</b></p><ul>")
+            for f in rows:
+                links = ", ".join(f"<a href='{_e(url)}'>{_e(e)}</a>" for e, url in f.entries)
+                out.append(f"<li>[{_e(f.state)}] {_e(f.name)}: {_e(f.counts())}"
+                           f"{'; known failures: ' + links if links else ''}</li>")
+            out.append("</ul>")
+    combos = failing_combinations(run)
+    if combos:
+        out.append("<h3>Which combination fails</h3><ul>")
+        out.extend(f"<li><b>{_e(c.label())}</b>{'' if c.separated else ' (no passing neighbour ran)'}: "
+                   f"{len(c.cells)} cells{', known failure ' + _e(c.known) if c.known else ''}: "
+                   f"<code>{_e(c.signature[:200])}</code></li>" for c in combos)
+        out.append("</ul>")
+    models = {v.get("model", ""): [] for v in meta.get("valid", [])}
+    for rec in run["cells"]:
+        models.setdefault(rec["axes"].get("model", ""), []).append(rec)
+    for model, cells in models.items():
+        valid = sum(1 for v in meta.get("valid", []) if v.get("model", "") == model) or len(cells)
+        out.append(f"<h3>{_e(model or meta.get('matrix'))}: {len(cells)} of {valid} valid cells run</h3>")
+        headers, body = grid(model_grid(run, model, cells), every_row=True,
+                             cell=lambda rec: _cell(rec, link, changes.get(key(meta, rec))),
+                             na=_na,
+                             not_run=f"<span class='notrun' data-status='notrun' title='valid, not run this time'>"
+                                     f"{NOT_RUN}</span>")
+        out.append(tabulate(body, headers=headers, tablefmt="unsafehtml"))
+    return out
+
+
+def _na(rec):
+    """A combination a rule rules out: its rule and reason on hover."""
+    return f"<span class='na' title='{_e('n/a: rule ' + rec['rule'] + ': ' + rec['reason'])}'>n/a</span>"
+
+
+def _cell(rec, link, change):
+    status = status_of(rec)
+    text = {"passed": "✅ pass", "failed": "❌ FAIL", "xfailed": "🚧 xfail", "xpassed": "⚠️ XPASS", "skipped": "⏭️ skip",
+            "flaky": "🔁 flaky"}.get(status, status)
+    if rec.get("failure_class") and rec["status"] != Status.PASSED:
+        text += f" {rec['failure_class']}"
+    if rec.get("numerics") and rec["status"] == Status.PASSED:
+        text += " ≡" if rec["numerics"]["max_abs_diff"] == 0 else " ≈"
+    if rec.get("wall") and rec["status"] != Status.SKIPPED:
+        text += f" {rec['wall']:.0f}s"
+    title = rec.get("error_line") or rec.get("verdict") or ""
+    return (f"<span class='{_e(rec['status'])}' data-status='{_e(status)}' title='{_e(title)}'>"
+            f"<a href='#cell-{_e(rec['id'])}'>{_e(text)}</a>{MARKS.get(change or '', '')}</span>")
+
+
+def _details(rec, link, image):
+    parts = [f"<li id='cell-{_e(rec['id'])}' class='{_e(rec['status'])}' data-status='{_e(status_of(rec))}'>"
+             f"<b>{_e(rec['id'])}</b>: {_e(status_of(rec))}"]
+    if rec.get("failure_class"):
+        rank = "" if rec.get("failing_rank") is None else f", first failing rank {rec['failing_rank']}"
+        parts.append(f" [{_e(rec['failure_class'])}{_e(rank)}] <span class='error'>{_e(rec.get('error_line'))}</span>")
+    if rec.get("verdict"):
+        parts.append(f"<br>{_e(rec['verdict'])}")
+    if rec.get("known_failure_link"):
+        parts.append(f" (<a href='{_e(rec['known_failure_link'])}'>{_e(rec.get('known_failure'))}</a>)")
+    parts.extend(f"<br>{_e(d)}" for d in rec.get("details") or ())
+    if rec.get("numerics"):
+        parts.append(f"<br>numerics: {_e(_numerics(rec['numerics']))}")
+    if rec.get("evidence"):
+        held = sum(1 for e in rec["evidence"] if e["ok"])
+        shown = "; ".join(f"{e['axis']}: {'ok' if e['ok'] else 'NOT SHOWN'} ({e['seen']})" for e in rec["evidence"])
+        parts.append(f"<br>evidence {held}/{len(rec['evidence'])}: {_e(shown)}")
+    if rec.get("invariants"):
+        inv = rec["invariants"]
+        parts.append(f"<br>optimizer-step invariants: {inv.get('steps')} steps on ranks {_e(inv.get('ranks'))}: "
+                     + _e(inv.get("violation") or "every one holds"))
+    links = [f"<a href={_q(link(p))}>rank {_e(r)}</a>" for r, paths in (rec.get("rank_logs") or {}).items()
+             for p in paths[:1]]
+    for label, field in (("result.json", "log_dir"), ("compile trace", "trace_html")):
+        if rec.get(field):
+            target = Path(rec[field]) / "result.json" if field == "log_dir" else rec[field]
+            links.append(f"<a href={_q(link(target))}>{label}</a>")
+    if links:
+        parts.append("<br>logs: " + " · ".join(links))
+    if rec.get("plot"):
+        parts.append("<br>" + _img(rec["plot"], "loss and grad-norm curves", link, image))
+    if rec.get("reproducer"):
+        parts.append(f"<details><summary>reproducer</summary><pre>{_e(rec['reproducer'])}</pre></details>")
+    parts.append("</li>")
+    return "".join(parts)
+
+
+def _numerics(n):
+    out = f"lane {n.get('lane')} vs {n.get('baseline')}: max |diff| {n.get('max_abs_diff', 0):.3g}, max rel " \
+          f"{n.get('max_rel_diff', 0):.3g}, steps off {n.get('missed_steps')}"
+    params = n.get("params")
+    if isinstance(params, dict):
+        first = params.get("first_difference")
+        out += f"; per parameter: {params.get('checked')} compared, first difference " + (
+            f"{first['param']} ({first['kind']}, step {first['step']})" if first else "none")
+    return out
+
+
+def _img(path, alt, link, image):
+    src = image(path) if image else link(path)
+    return f"<img src={_q(src)} alt='{_e(alt)}' width='600'>" if src else ""
+
+
+def _inline(path):
+    """A PNG as a data URI (the self-contained page carries its images)."""
+    try:
+        return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+    except OSError:
+        return None
 
 
 def _e(text):
     return html.escape(str(text if text is not None else ""))
+
+
+def _q(url):
+    """A URL as a quoted attribute value."""
+    return f"'{html.escape(str(url), quote=True)}'"
 
 
 def _linker(folder: Path):
@@ -76,7 +275,7 @@ def _linker(folder: Path):
     base = Path(folder).resolve()
 
     def link(target):
-        return html.escape(Path(os.path.relpath(Path(target).resolve(), base)).as_posix(), quote=True)
+        return Path(os.path.relpath(Path(target).resolve(), base)).as_posix()
     return link
 
 
@@ -86,58 +285,3 @@ def main_log(rec):
     rank = str(rec["failing_rank"]) if rec.get("failing_rank") is not None else "0"
     paths = logs.get(rank) or next(iter(logs.values()), None)
     return paths[0] if paths else (rec.get("log_dir") or None)
-
-
-def _cell(rec, link, change):
-    text = SYMBOLS.get(rec["status"], rec["status"])
-    if rec.get("flaky"):
-        text = "🔁 flaky"
-    if rec.get("failure_class") and rec["status"] != "passed":
-        text += f" {rec['failure_class']}"
-    if rec.get("wall") and rec["status"] != "skipped":
-        text += f" {rec['wall']:.0f}s"
-    text = _e(text) + MARKS.get(change or "", "")
-    log = main_log(rec)
-    anchor = f"<a href='#cell-{_e(rec['id'])}' title='details'>ⓘ</a>"
-    body = f"<a href='{link(log)}' title='log'>{text}</a>" if log else text
-    return f"<span class='{_e(rec['status'])}'>{body}</span> {anchor}"
-
-
-def _features(run):
-    groups = features(run)
-    if not groups:
-        return []
-    out = ["<h3>Status by feature</h3>"]
-    for group, rows in groups:
-        out.append(f"<p><b>{_e(group)}</b></p><ul>")
-        for name, state, cells, entries in rows:
-            passed = sum(1 for r in cells if broken(r) is False)
-            links = ", ".join(f"<a href='{_e(link)}'>{_e(e)}</a>" for e, link in entries)
-            out.append(f"<li>[{_e(state)}] {_e(name)}: {passed} of {len(cells)} cells pass"
-                       f"{'; known failures: ' + links if links else ''}</li>")
-        out.append("</ul>")
-    return out
-
-
-def _details(rec, link):
-    parts = [f"<li id='cell-{_e(rec['id'])}'><b>{_e(rec['id'])}</b>: {_e(rec['status'])}"]
-    if rec.get("error_line"):
-        parts.append(f" — <code>{_e(rec['error_line'])}</code>")
-    if rec.get("verdict"):
-        parts.append(f"<br>{_e(rec['verdict'])}")
-    if rec.get("known_failure_link"):
-        parts.append(f" (<a href='{_e(rec['known_failure_link'])}'>{_e(rec.get('known_failure'))}</a>)")
-    links = [f"<a href='{link(p)}'>rank {_e(r)}</a>" for r, paths in (rec.get("rank_logs") or {}).items()
-             for p in paths[:1]]
-    for label, field in (("result.json", "log_dir"), ("curves", "plot"), ("compile trace", "trace_html")):
-        if rec.get(field):
-            target = Path(rec[field]) / "result.json" if field == "log_dir" else rec[field]
-            links.append(f"<a href='{link(target)}'>{label}</a>")
-    if links:
-        parts.append("<br>logs: " + " · ".join(links))
-    if rec.get("plot"):
-        parts.append(f"<br><img src='{link(rec['plot'])}' alt='curves' width='600'>")
-    if rec.get("reproducer"):
-        parts.append(f"<br>reproducer:<pre>{_e(rec['reproducer'])}</pre>")
-    parts.append("</li>")
-    return "".join(parts)

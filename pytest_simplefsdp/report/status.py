@@ -1,9 +1,12 @@
-"""The status by feature: what the hand-kept status checklist said, rolled up from a run's cells."""
+"""The status by feature: what the hand-kept status checklist said, rolled up from a run's cells, never saying
+more than what ran. A feature is Done only when every valid cell with it ran in this run and passed; Partly run
+when some did not run (a ``-k`` or interrupted run); In progress when the rest fail as known failures; Failing when
+one failed with a new error; Not run when none ran."""
 
 from __future__ import annotations
 
+from ..kinds import Status
 from .tables import broken
-
 
 # the features of the status-tracking issue (torchtitan 1980), each the axis values that turn it on
 FEATURE_GROUPS = (
@@ -16,62 +19,64 @@ FEATURE_GROUPS = (
     ("Models", {"model": "{}"}),
     ("Features", {"feature": "{}", "trainer": "trainer {}"}),
 )
+DONE, PARTLY, IN_PROGRESS, FAILING, NOT_RUN = "Done", "Partly run", "In progress", "Failing", "Not run"
+
+
+def valid_cells(run):
+    """Every valid cell of the matrix as {id, axes}: the meta record's list (runs stored before it had axes: the
+    cells that ran)."""
+    places = [p for p in run["meta"].get("valid", []) if p.get("axes") is not None]
+    return places or [{"id": r["id"], "axes": r["axes"]} for r in run["cells"]]
+
+
+def _has(axes, axis, value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (axes.get(axis) or 0) > 1
+    return axes.get(axis) == value
 
 
 def features(run):
-    """[(group, [(feature, state, cells, entries)])] of one matrix, rolled up from its cells: Done where every
-    cell with the feature that ran passed, In progress where the others are known failures (entries: their
-    (id, link)), Failing where one failed with a new error, Not run where none ran."""
+    """[(group, [Feature])] of one matrix: per feature its valid cells, the records of those that ran, its state."""
+    valid, ran = valid_cells(run), {r["id"]: r for r in run["cells"]}
     out = []
     for group, axes in FEATURE_GROUPS:
-        rows = []
+        rows, names = [], set()
         for axis, label in axes.items():
-            values = list(dict.fromkeys(rec["axes"][axis] for rec in run["cells"] if axis in rec["axes"]))
-            for value in values:
-                if isinstance(value, int) and not isinstance(value, bool):
-                    cells = [r for r in run["cells"] if (r["axes"].get(axis) or 0) > 1]
-                    name = label
-                elif value == "none":
+            for value in dict.fromkeys(c["axes"][axis] for c in valid if axis in c["axes"]):
+                numeric = isinstance(value, int) and not isinstance(value, bool)
+                if value == "none" or (numeric and value <= 1):
                     continue
-                else:
-                    cells = [r for r in run["cells"] if r["axes"].get(axis) == value]
-                    name = label.format(value)
-                if cells and all(name != r[0] for r in rows):
-                    rows.append((name, *_state(cells)))
+                name = label if numeric else label.format(value)
+                if name in names:
+                    continue
+                names.add(name)
+                cells = [c for c in valid if _has(c["axes"], axis, value)]
+                rows.append(Feature(name, len(cells), [ran[c["id"]] for c in cells if c["id"] in ran]))
         if rows:
             out.append((group, rows))
     return out
 
 
-def _state(cells):
-    ran = [r for r in cells if r["status"] != "skipped"]
-    entries = list(dict.fromkeys((r["known_failure"], r.get("known_failure_link")) for r in cells
-                                 if r.get("known_failure") and r["status"] in ("xfailed", "skipped")))
-    if any(r["status"] == "failed" and r.get("failure_class") for r in ran):  # (a gate's XPASS is no failure)
-        state = "Failing"
-    elif entries:
-        state = "In progress"
-    elif ran:
-        state = "Done"
-    else:
-        state = "Not run"
-    return state, cells, entries
+class Feature:
+    def __init__(self, name, valid: int, records: list):
+        self.name, self.valid, self.records = name, valid, records
+        ran = [r for r in records if r["status"] != Status.SKIPPED]
+        self.ran, self.passed = len(ran), sum(1 for r in ran if broken(r) is False)
+        self.entries = list(dict.fromkeys((r["known_failure"], r.get("known_failure_link")) for r in records
+                                          if r.get("known_failure") and r["status"] in (Status.XFAILED, Status.SKIPPED)))
+        if any(r["status"] == Status.FAILED and r.get("failure_class") for r in ran):  # (a gate's XPASS: no failure)
+            self.state = FAILING
+        elif not ran:
+            self.state = NOT_RUN
+        elif self.ran < self.valid:
+            self.state = PARTLY
+        elif self.entries:
+            self.state = IN_PROGRESS
+        else:
+            self.state = DONE
 
-
-def status_view_md(run):
-    """The status by feature, in the tracking issue's shape: a checklist per group with the entries' links."""
-    groups = features(run)
-    if not groups:
-        return []
-    out = [f"## Status by feature — profile {run['meta'].get('profile', '?')}", "",
-           "Rolled up from the cells below: Done where every cell with the feature passes, In progress where the "
-           "others fail as known failures, Failing where one fails with a new error, Not run where none ran.", ""]
-    for group, rows in groups:
-        out.append(f"**{group}**")
-        out.append("")
-        for name, state, cells, entries in rows:
-            passed = sum(1 for r in cells if broken(r) is False)
-            links = "; known failures: " + ", ".join(f"[`{e}`]({link})" for e, link in entries) if entries else ""
-            out.append(f"- [{state}] {name}: {passed} of {len(cells)} cells pass{links}")
-        out.append("")
-    return out
+    def counts(self):
+        """"3 of 12 cells run, 3 pass" (only when some did not run), else "3 of 3 cells pass"."""
+        if self.ran < self.valid:
+            return f"{self.ran} of {self.valid} cells run, {self.passed} pass"
+        return f"{self.passed} of {self.valid} cells pass"

@@ -18,7 +18,7 @@ TRACE_NOTE = ("TRACE TIER: each cell ran as ONE simulated rank on a CPU machine 
               "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run")
 
 
-def cell_text(rec, markdown=False):
+def cell_text(rec):
     status = rec.get("status", "dropped")
     text = SYMBOLS.get(status, status)
     if rec.get("flaky"):
@@ -29,30 +29,29 @@ def cell_text(rec, markdown=False):
         text += " ≡" if rec["numerics"]["max_abs_diff"] == 0 else " ≈"
     if rec.get("wall") and status not in ("dropped", "skipped"):
         text += f" {rec['wall']:.0f}s"
-    if markdown and status == "failed":
-        text = f"**{text}**"
     return text
 
 
-def grid(run, markdown=False, symbols=True):
-    """(headers, rows) of one matrix: rows are layouts, columns compile × memory policy.
-
-    ``symbols=False``: the records' ``status`` is already the text to show."""
-    cells = run["cells"]
+def grid(run, cell=None, na=None, not_run=NOT_RUN, every_row=False):
+    """(headers, rows) of one matrix: rows are layouts, columns compile × memory policy. ``cell(rec)``: a run cell's
+    text (default: cell_text); ``na(rec)``: a dropped combination's (default: n/a); ``not_run``: a valid cell's that
+    did not run. Rows and columns: those with a cell that ran, or (``every_row``) every valid one."""
+    cell, na = cell or cell_text, na or (lambda rec: SYMBOLS["dropped"])
+    cells, valid = run["cells"], run.get("valid", run.get("meta", {}).get("valid", []))
     rows, cols = OrderedDict(), OrderedDict()
-    for rec in cells:  # only rows and columns with at least one run cell are shown
+    for rec in cells + (valid if every_row else []):
         rows.setdefault(rec["row"], {})
         cols.setdefault(rec["column"], None)
     order = {c: i for i, c in enumerate(run.get("meta", {}).get("columns", []))}  # the matrix's column order
     cols = OrderedDict((c, None) for c in sorted(cols, key=lambda c: order.get(c, len(order))))
     for rec in run["dropped"]:
         if rec["row"] in rows and rec["column"] in cols:
-            rows[rec["row"]].setdefault(rec["column"], "n/a" if symbols else STATUS_MD["dropped"])
-    for place in run.get("valid", run.get("meta", {}).get("valid", [])):
+            rows[rec["row"]].setdefault(rec["column"], na(rec))
+    for place in valid:
         if place["row"] in rows and place["column"] in cols:
-            rows[place["row"]].setdefault(place["column"], NOT_RUN)
+            rows[place["row"]].setdefault(place["column"], not_run)
     for rec in cells:
-        rows[rec["row"]][rec["column"]] = cell_text(rec, markdown) if symbols else rec["status"]
+        rows[rec["row"]][rec["column"]] = cell(rec)
     headers = ["layout", *cols]
     body = [[row, *(entries.get(c, "") for c in cols)] for row, entries in rows.items()]
     return headers, body
@@ -112,10 +111,19 @@ def _params_note(numerics):
 
 
 def summary_counts(run):
+    """"6 of 69 valid cells run (4 passed, 2 xfailed); 778 combinations n/a": never more than what ran."""
     counts = Counter(rec.get("status") for rec in run["cells"])
     ran = ", ".join(f"{n} {status}" for status, n in counts.most_common()) or "none"
     valid = run["meta"].get("cells", len(run["cells"]))
     return f"{len(run['cells'])} of {valid} valid cells run ({ran}); {len(run['dropped'])} combinations n/a"
+
+
+def ran_under(run):
+    """The launchers the cells ran under, and the one asked for where that differs (a command target asked to
+    fork runs under local)."""
+    asked = run["meta"].get("launcher", "?")
+    used = list(dict.fromkeys(rec["launcher"] for rec in run["cells"] if rec.get("launcher")))
+    return asked if not used or used == [asked] else f"{', '.join(used)} (asked: {asked})"
 
 
 def render_text(doc):
@@ -124,7 +132,7 @@ def render_text(doc):
         meta = run["meta"]
         counts = mutation_score(run) if run.get("mutants") and not run["cells"] else summary_counts(run)
         out.append(f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
-                   f"target {meta.get('target', '?')}, launcher {meta.get('launcher', '?')}): {counts}")
+                   f"target {meta.get('target', '?')}, launcher {ran_under(run)}): {counts}")
         if meta.get("tier") == "trace":
             out.append(TRACE_NOTE)
         if run["cells"]:
@@ -132,6 +140,9 @@ def render_text(doc):
             out.append(tabulate(body, headers=headers, tablefmt="simple"))
             if any(v in ("", NOT_RUN) for row in body for v in row[1:]):
                 out.append(GRID_KEY)
+            if len(run["cells"]) < run["meta"].get("cells", 0):
+                out.append("(rows where no cell ran are left out here; the status markdown and the page show every "
+                           "valid cell)")
         if run.get("mutants"):
             out.append(tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="simple"))
         out.extend(footnotes(run))

@@ -4,12 +4,14 @@ older run (``python -m pytest_simplefsdp.report RUN.json[l] [--format text|md|js
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
 
 from ..judge.known import load_known_failures
 from ..judge.verdict import rejudge
+from ..kinds import Status
 from ..paths import KNOWN_FAILURES, MATRIX_DIR
 from ..spec.matrix import load_matrix
 from ..spec.upstream import UPSTREAM_AXES
@@ -46,49 +48,76 @@ def rejudged(doc, known, gate=False):
     return {**doc, "runs": runs}
 
 
+def judged_by(doc, chosen):
+    """(the known-failures file to judge the run with, the line that says which): the one named, else the file
+    the run recorded as its judge (each meta record says; a changed or vanished file is said), else the shipped
+    one (a run stored before runs recorded it)."""
+    if chosen:
+        return chosen, f"re-judged against {chosen} (--known-failures)"
+    recorded = next((run["meta"].get("known_failures") for run in doc["runs"] if run["meta"].get("known_failures")),
+                    None)
+    if recorded is None:
+        return KNOWN_FAILURES, f"re-judged against the shipped {KNOWN_FAILURES} (the run does not say which file judged it)"
+    path = Path(recorded["path"])
+    if not path.is_file():
+        return None, f"the run's known-failures file {path} is gone: showing the verdicts as stored"
+    same = hashlib.sha256(path.read_bytes()).hexdigest() == recorded.get("sha256")
+    return path, (f"re-judged against {path}, the file that judged the run"
+                  + ("" if same else " (changed since: it no longer has the bytes that judged the run)"))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m pytest_simplefsdp.report",
-        description="Render a stored simplefsdp run (JSON or JSON lines), judged again against a known-failures "
-                    "file, optionally compared with an older run.")
-    parser.add_argument("run", help="a --simplefsdp-json document or a run's results.jsonl")
+        description="Render a stored simplefsdp run (JSON or JSON lines), judged again against the known-failures "
+                    "file that judged it (or another), optionally compared with an older run. Exits 1 under --gate "
+                    "when any cell fails.")
+    parser.add_argument("run", metavar="RUN", help="a --simplefsdp-json document or a run's results.jsonl")
     parser.add_argument("--format", choices=("text", "md", "json"), default="text",
                         help="text (the terminal table), md (the status markdown), json (the run document)")
     parser.add_argument("--known-failures", metavar="YAML", type=Path, default=None,
-                        help=f"re-judge every cell against this file (default: the shipped {KNOWN_FAILURES.name})")
+                        help="re-judge every cell against this file (default: the file the run records as its "
+                             "judge; for runs that do not say: the shipped one)")
     parser.add_argument("--as-stored", action="store_true",
                         help="show the verdicts the run stored, without judging again")
-    parser.add_argument("--gate", action="store_true", help="judge as --simplefsdp-gate does (XPASS fails)")
+    parser.add_argument("--gate", action="store_true", help="judge as --simplefsdp-gate does (an XPASS fails), and "
+                                                            "exit 1 when any cell fails")
     parser.add_argument("--compare", metavar="OLD", type=Path,
                         help="an older stored run: list newly broken, newly fixed and changed-signature cells "
                              "(matched by profile and cell id) and mark them in the tables")
-    parser.add_argument("--html", metavar="DIR", type=Path,
-                        help="also write the run as a static HTML page (DIR/index.html)")
+    parser.add_argument("--html", metavar="PATH", type=Path,
+                        help="also write the run as an HTML page: DIR/index.html, or one self-contained FILE.html")
     args = parser.parse_args(argv)
     if args.as_stored and (args.known_failures or args.gate):
         parser.error("--as-stored shows the stored verdicts: it takes no --known-failures or --gate")
     doc = _load(parser, args.run)
     old = _load(parser, args.compare) if args.compare else None
     if not args.as_stored:
-        path = args.known_failures or KNOWN_FAILURES
+        path, said = judged_by(doc, args.known_failures)
         try:
-            doc = rejudged(doc, known_for(path, doc), args.gate)
+            if path is not None:
+                doc = rejudged(doc, known_for(path, doc), args.gate)
         except OSError as e:
             parser.error(f"--known-failures: {path}: {e.strerror}")
         except MatrixError as e:
             raise SystemExit(f"--known-failures: {e}") from None
-        print(f"re-judged against {path}", file=sys.stderr)
+        print(said, file=sys.stderr)
     if old is not None:
-        doc["comparison"] = compare_runs(old, doc)
+        doc["comparison"], doc["compared_with"] = compare_runs(old, doc), str(args.compare)
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
-    else:  # byte for byte what --simplefsdp-status-md wrote for the same run and known failures
+    else:  # byte for byte what --simplefsdp-status-md wrote for the same run, known failures and folder
         sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc) + "\n")
     if old is not None and args.format == "text":
         sys.stdout.write(f"changes since {args.compare}:\n")
         sys.stdout.writelines(f"  {line}\n" for line, _ in change_lines(doc["comparison"]))
     if args.html:
         print(f"html: {page.write(doc, args.html)}", file=sys.stderr)
+    failed = [rec["id"] for run in doc["runs"] for rec in run["cells"] if rec["status"] == Status.FAILED]
+    if args.gate and failed:
+        print(f"gate: {len(failed)} cells fail: {', '.join(failed[:8])}{' ...' if len(failed) > 8 else ''}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -25,6 +25,7 @@ from ..plots import plot
 from ..spec.cells import Cell, cell_id, value_id, world_size
 from ..store.reuse import ReuseStore, content_key
 from ..store.runs import RunError, load_run
+from ..versions.sets import cell_set
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class SeedJob:
     key: str  # content key of its command
     folder: Path  # .simplefsdp/reuse/<name>-<key>; the checkpoint is folder/checkpoint/step-0
     command: object  # targets.RankCommand
+    vset: object = None  # versions.sets.VersionSet it runs on
 
 
 @dataclass(frozen=True)
@@ -102,16 +104,18 @@ class Book:
         """The seed job the cell starts from; None where numerics need none."""
         if not run.matrix.numerics or "model" not in cell.axes:
             return None
-        model = cell.axes["model"]
-        if (run.name, model) not in self.seed_jobs:
+        model, vset = cell.axes["model"], cell_set(cell.axes)
+        if (run.name, model, vset) not in self.seed_jobs:  # (a version set makes its own seed, in its environment)
             command = run.target.seed_command(model, Path("@seed"))
             job = None
             if command is not None:
-                name, key = f"seed-{model}", content_key(command, self.cache_dir)
+                name = f"seed-{model}" + ("" if vset.installed else f"-{vset.slug()}")
+                key = content_key(self.runner.in_env(run, command, vset), self.cache_dir)
                 folder = self.kept.folder(name, key)
-                job = SeedJob(model, name, key, folder, run.target.seed_command(model, folder))
-            self.seed_jobs[(run.name, model)] = job
-        return self.seed_jobs[(run.name, model)]
+                job = SeedJob(model, name, key, folder,
+                              self.runner.in_env(run, run.target.seed_command(model, folder), vset), vset)
+            self.seed_jobs[(run.name, model, vset)] = job
+        return self.seed_jobs[(run.name, model, vset)]
 
     def seed_for(self, run, cell) -> Path | Unavailable | None:
         """The seed checkpoint of the cell's model: kept from an earlier run, else made once per run (and kept)."""
@@ -119,7 +123,7 @@ class Book:
         if job is None:
             return None
         with self.lock:
-            key = (run.name, job.model)
+            key = (run.name, job.model, job.vset)
             if key not in self.seeds:
                 self.seeds[key] = self._make_seed(run, job)
             return self.seeds[key]
@@ -128,7 +132,8 @@ class Book:
         kept = self.kept.kept(job.name, job.key) is not None
         if not kept:
             scratch = self.kept.scratch(job.name)
-            failed = self.runner.run_seed(run, job.model, run.target.seed_command(job.model, scratch), scratch)
+            command = self.runner.in_env(run, run.target.seed_command(job.model, scratch), job.vset)
+            failed = self.runner.run_seed(run, job.model, command, scratch, job.vset)
             if failed is not None:
                 return self._failed_seed(run, job, scratch, failed)
             self.kept.keep(scratch, job.name, job.key, {"model": job.model, "profile": run.matrix.profile})
@@ -183,9 +188,7 @@ class Book:
     def baseline_key(self, run, cell, seed):
         """The content key of a baseline job (its command with placeholder folders; the seed's folder names
         the seed's own key)."""
-        command = run.target.command(cell, dump_folder=Path("@cell") / "dump", nproc=cell.world, port=0,
-                                     seed_folder=seed, run=0)
-        return content_key(command, self.cache_dir)
+        return content_key(self.runner.command(run, cell, Path("@cell") / "dump", 0, seed), self.cache_dir)
 
     def _run_baseline(self, run, base_axes, key):
         done = self.passed.get(key)

@@ -17,6 +17,9 @@ from ..kinds import FailureClass, Status, Tier
 from ..launch.builtin import LAUNCHERS
 from ..launch.procs import free_port
 from ..launch.spec import LaunchOutcome, LaunchSpec
+from ..machine import versions
+from ..versions.envs import EnvError
+from ..versions.sets import cell_set
 from ..paths import probe_folder
 from ..spec.cells import Cell, value_id
 
@@ -38,8 +41,9 @@ def render_trace(trace_dir: Path, out: Path):
 
 
 class CellRunner:
-    def __init__(self, settings, launcher, run_dir: Path, max_ranks: int):
+    def __init__(self, settings, launcher, run_dir: Path, max_ranks: int, envs=None):
         self.settings, self.launcher, self.run_dir, self.max_ranks = settings, launcher, run_dir, max_ranks
+        self.envs = envs  # versions.envs.Environments: where a cell's version set runs
         self.lock = threading.Lock()  # a target's assets are made once, whichever cell comes first
 
     def cell_timeout(self, run):
@@ -53,6 +57,40 @@ class CellRunner:
         resolve = getattr(self.launcher, "resolve", None)
         return resolve(run.matrix.device) if resolve else self.launcher
 
+    def launcher_name(self, run, cell):
+        """The launcher that will really run the cell (the fork launcher runs what it cannot fork under local)."""
+        launcher = self.launcher_for(run)
+        runs_as = getattr(launcher, "runs_as", None)
+        if runs_as is None:
+            return launcher.name
+        return runs_as(self.command(run, cell, Path("dump"), port=0))
+
+    def command(self, run, cell, dump_folder, port, seed=None, later=0):
+        """The target's command for the cell, as it runs in the cell's version set's environment."""
+        command = run.target.command(cell, dump_folder=dump_folder, nproc=cell.world, port=port, seed_folder=seed,
+                                     run=later)
+        return self.in_env(run, command, cell_set(cell.axes))
+
+    def in_env(self, run, command, vset):
+        """A command of the run's target as it runs in the version set's environment."""
+        return self.envs.apply(command, vset, run.target.REQUIRES) if self.envs is not None else command
+
+    def env_problem(self, run, vset) -> str | None:
+        """Why the version set's environment cannot be had (the installer's line), or None (built, or kept)."""
+        if vset.installed or self.envs is None:
+            return None
+        try:
+            self.envs.get(vset, run.target.REQUIRES)
+        except EnvError as e:
+            return f"no environment for {vset.label()}: {e}"
+        return None
+
+    def ran_on(self, run, vset) -> dict:
+        """The versions a cell of the set ran on (its record names them)."""
+        if vset.installed or self.envs is None:
+            return dict(versions())
+        return dict(self.envs.get(vset, run.target.REQUIRES).versions)
+
     def cell_dir(self, run, name):
         tier = "" if run.matrix.tier == Tier.REAL else f"-{run.matrix.tier}"
         return self.run_dir / value_id(run.matrix.profile + tier) / name
@@ -62,8 +100,7 @@ class CellRunner:
         cell_dir = self.cell_dir(run, cell.id)
         log_dir = cell_dir / f"run{later + 1}" if later else cell_dir
         port = port or free_port()
-        command = run.target.command(cell, dump_folder=cell_dir / "dump", nproc=cell.world, port=port,
-                                     seed_folder=seed, run=later)
+        command = self.command(run, cell, cell_dir / "dump", port, seed, later)
         command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(log_dir))  # where ranks record what ran
         if cell.mutant:
             command.env["SIMPLEFSDP_MUTANT"] = cell.mutant
@@ -81,6 +118,11 @@ class CellRunner:
 
     def run(self, run, cell, devices=None, seed=None) -> CellResult:
         """Launch the cell and read its result; a green also shows its evidence (else it fails)."""
+        vset = cell_set(cell.axes)
+        problem = self.env_problem(run, vset)
+        if problem:  # the set's environment cannot be built: its cells say why, the other sets run on
+            return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
+                              world=cell.world, error_line=problem, error_text=problem, mutant=cell.mutant)
         self.prepare(run)
         spec = self.spec_for(run, cell, seed=seed)
         if devices is not None:
@@ -91,6 +133,7 @@ class CellRunner:
             return failed
         result = self._launch(run, cell, spec, launcher)
         result.details.extend(steps)
+        result.versions = self.ran_on(run, vset)
         if result.failure_class == FailureClass.INFRA and "is already in use" in (result.error_line or ""):
             # another process took the free port between our check and the bind: once more, elsewhere
             taken = result.error_line
@@ -176,13 +219,15 @@ class CellRunner:
 
     @staticmethod
     def _check_evidence(run, cell, spec, result):
-        """A green must show that its label took effect."""
+        """A green must show that its label took effect; where the probe that shows it did not run, that is said."""
         evidence = run.target.evidence(cell, spec.log_dir)
         result.evidence = [e.record() for e in evidence]
-        contradicted = [e for e in evidence if not e.ok]
-        if contradicted:
-            line = f"the run does not show its label: {contradicted[0].line()}"
-            result.fail(FailureClass.INVALID_CONFIG, line)
+        blind = [e for e in evidence if not e.ok and e.infra]
+        contradicted = [e for e in evidence if not e.ok and not e.infra]
+        if blind:
+            result.fail(FailureClass.INFRA, f"the evidence probe cannot show the label: {blind[0].line()}")
+        elif contradicted:
+            result.fail(FailureClass.INVALID_CONFIG, f"the run does not show its label: {contradicted[0].line()}")
 
     @staticmethod
     def _check_invariants(spec, result):
@@ -196,8 +241,13 @@ class CellRunner:
         return LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), port or free_port(),
                           self.settings.log_limit_bytes, device=run.matrix.device)
 
-    def run_seed(self, run, model, command, folder) -> CellResult | None:
-        """One rank that writes the model's seed checkpoint; None when it did, else its failed result."""
+    def run_seed(self, run, model, command, folder, vset=None) -> CellResult | None:
+        """One rank that writes the model's seed checkpoint (in the version set's environment); None when it did,
+        else its failed result."""
+        problem = self.env_problem(run, vset) if vset is not None else None
+        if problem:
+            return CellResult(f"seed-{model}", {}, status=Status.FAILED, failure_class=FailureClass.INFRA,
+                              error_line=problem, error_text=problem)
         self.prepare(run)  # the seed reads the target's assets too
         spec = self.seed_spec(run, model, command, folder)
         outcome = self.launcher_for(run).launch(spec)

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 
 import pytest
 
 from ..kinds import Device
 from ..machine import cuda_device_ids
-from ..run.progress import Progress, estimate, stored_walls
+from ..run.progress import Progress, duration, estimate, stored_walls
 from ..options import settings
 from ..run.schedule import Packer
+from .bisecting import Bisector
 from .items import CellItem, MatrixCollector
 from .reporting import Reporter
 from .setup import check_plugins
@@ -27,14 +30,18 @@ class Controller:
         self.header, self.exempt_from_timeout = check_plugins(config, settings(config))  # (before any loading)
         self.session = state = MatrixSession(config)
         self.settings, self.runs, self.worker = state.settings, state.runs, state.worker
-        foreign = [e.id for e in state.known.entries if e.foreign] if state.known else []
-        if foreign:
-            self.header.append(f"simplefsdp: {len(foreign)} known-failure entries are for profiles not loaded "
-                               f"here (not checked): {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}")
+        self.header += state.version_lines
+        entries = state.known.entries if state.known else []
+        for what, ids in (("are for profiles not loaded here (not checked)", [e.id for e in entries if e.foreign]),
+                          ("have no link yet (TODO: name the upstream issue)", [e.id for e in entries if e.todo])):
+            if ids:
+                self.header.append(f"simplefsdp: {len(ids)} known-failure entries {what}: {', '.join(ids[:6])}"
+                                   f"{' ...' if len(ids) > 6 else ''}")
         if config.option.verbose == 0:  # a line per cell (its outcome, time, ETA): a cell takes minutes
             config.option.verbose = 1
         self.progress = None
         self.shown = set()  # cells whose progress line was written
+        self.keys, self.ticker = {}, None  # node id -> cell key; the running cell's line
         self.reporter = Reporter(state)
 
     # --- collection ---------------------------------------------------------------------------------
@@ -69,8 +76,9 @@ class Controller:
     def pytest_collection_finish(self, session):
         cells = [item for item in session.items if isinstance(item, CellItem)]
         self.reporter.selected = [(item.run, item.cell) for item in cells]  # in collection order
+        self.keys = {item.nodeid: item.run.key(item.cell.id) for item in cells}
         jobs = len(cells) if self.settings.jobs == "auto" else self.settings.jobs
-        self.progress = self.reporter.progress = self._progress(cells, jobs)
+        self.progress = self.reporter.progress = self._progress(self.reporter.selected, jobs)
         if self.settings.jobs == 1 or self.settings.dry_run or not cells:
             return
         state = self.session
@@ -86,21 +94,48 @@ class Controller:
                                  lambda devs, item=item: state.run_and_check(item.run, item.cell, devs))
 
     def _progress(self, cells, jobs):
-        """Each selected cell's expected time: from the newest stored runs of its profile, else the estimate."""
-        s, state = self.settings, self.session
-        runs_dirs = {state.cache_dir / "runs", *([s.artifacts.parent] if s.artifacts else [])}
-        walls = stored_walls(runs_dirs, {i.run.matrix.profile for i in cells})
+        """Each selected cell's expected time: from the newest stored runs of its profile run by the launcher that
+        will run it now, else the estimate. ``cells``: (run, cell) in collection order."""
+        state = self.session
+        walls = stored_walls(set(state.runs_dirs), {run.matrix.profile for run, _ in cells})
         expected, used = {}, set()
-        for item in cells:
-            k, launcher = item.run.key(item.cell.id), state.runner.launcher_for(item.run).name
+        for run, cell in cells:
+            k, launcher = run.key(cell.id), state.runner.launcher_name(run, cell)
             if (k, launcher) in walls:
                 expected[k] = walls[k, launcher][0]
                 used.add((k, launcher))
             else:
-                expected[k] = estimate(str(item.run.matrix.device), launcher, item.cell.world)
+                expected[k] = estimate(str(run.matrix.device), launcher, cell.world)
         # walls come newest run first: the first one used names the newest source
         source = next((folder for key, (_, folder) in walls.items() if key in used), None)
         return Progress(expected, min(jobs, len(cells) or 1), source, stored={k for k, _ in used})
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        """pytest-xdist, on the controller: the cells the workers collected, for the ETA of each line."""
+        if self.progress is None:
+            cells = {f"{run.name}::{cell.id}": (run, cell) for run in self.runs for cell in run.cells}
+            self.progress = self._progress([cells[i] for i in ids if i in cells], len(ids))
+
+    # --- while a cell runs: its line shows how long it has run, against how long it should take ------------
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logstart(self, nodeid, location):
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        cell = self.keys.get(nodeid)
+        if tr is not None and cell is not None and self.progress is not None and not self.settings.dry_run \
+                and self.worker is None and tr.verbosity > 0:
+            self.ticker = Ticker(tr, nodeid, self.progress.expected.get(cell))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report):
+        """Records arrive with the test reports, from this process or from an xdist worker alike."""
+        if self.ticker is not None and self.ticker.nodeid == report.nodeid:
+            self.ticker.stop()
+            self.ticker = None
+        if self.worker is None:
+            for rec in getattr(report, "simplefsdp_records", None) or ():
+                self.session.store.collect(rec)
 
     # --- while cells run ----------------------------------------------------------------------------
 
@@ -126,12 +161,6 @@ class Controller:
         """pytest-xdist, on the controller: every worker writes under this run's folder."""
         node.workerinput["simplefsdp_run_dir"] = str(self.session.run_dir)
 
-    def pytest_runtest_logreport(self, report):
-        """Records arrive with the test reports, from this process or from an xdist worker alike."""
-        if self.worker is None:
-            for rec in getattr(report, "simplefsdp_records", None) or ():
-                self.session.store.collect(rec)
-
     # --- the end ------------------------------------------------------------------------------------
 
     def pytest_sessionfinish(self, session):
@@ -139,7 +168,10 @@ class Controller:
         for rec in state.store.take_pending():  # made before an interrupt, never reported: still stored
             if self.worker is None:
                 state.store.collect(rec)
-        self.reporter.leftover_lines = state.close()
+        if self.settings.bisect and not self.settings.dry_run and self.worker is None \
+                and not self.config.option.collectonly:
+            self.reporter.bisections = Bisector(state).run(state.store.records, self.reporter.selected)
+        self.reporter.incidents, self.reporter.leftover_lines = state.close()
         if self.reporter.leftover_lines:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.update_known_failures and not self.settings.dry_run and self.worker is None:
@@ -154,5 +186,46 @@ class Controller:
 
 
 def launcher_label(state, run):
+    """The launcher that will run the matrix's cells, and why where it is not the one asked for."""
     chosen = state.runner.launcher_for(run).name
-    return chosen if chosen == state.launcher.name else f"{chosen} ({state.launcher.name})"
+    actual = state.runner.launcher_name(run, run.cells[0]) if run.cells else chosen
+    why = (f"{state.launcher.name}'s choice for {run.matrix.device} cells" if chosen != state.launcher.name
+           else "")
+    if actual != chosen:
+        why = f"{chosen} runs this target's program under {actual}" + (f"; {why}" if why else "")
+    return f"{actual} ({why})" if why else actual
+
+
+class Ticker:
+    """The running cell's line in the terminal: on a TTY rewritten every second with how long the cell has run and
+    how long it should take; elsewhere a plain line every minute. Stopped before pytest writes the cell's outcome,
+    which then lands on the cell's own line."""
+
+    TTY_S, PLAIN_S = 1.0, 60.0
+
+    def __init__(self, tr, nodeid, expected):
+        self.tr, self.nodeid, self.expected = tr, nodeid, expected
+        self.prefix = tr.currentfspath if isinstance(tr.currentfspath, str) else None
+        self.start, self.done = time.monotonic(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def text(self):
+        took = duration(time.monotonic() - self.start)
+        return f"running {took}" + (f" of ~{duration(self.expected)} expected" if self.expected else "")
+
+    def _run(self):
+        tty = self.tr.isatty and self.prefix is not None
+        while not self.done.wait(self.TTY_S if tty else self.PLAIN_S):
+            if tty:
+                self.tr.rewrite(f"{self.prefix}{self.text()}", erase=True)
+            else:
+                self.tr.write_line(f"    {self.nodeid}: {self.text()}")
+            self.tr.flush()
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        if self.tr.isatty and self.prefix is not None and self.tr.currentfspath == self.prefix:
+            self.tr.rewrite(self.prefix, erase=True)  # the outcome goes right after the cell's name again
+            self.tr.rewrite(self.prefix)

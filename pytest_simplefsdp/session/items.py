@@ -98,6 +98,10 @@ class CellItem(pytest.Item):
             self.user_properties.append(("known_failure", verdict.entry.id))
         if result.failure_class:
             self.user_properties.append(("failure_class", str(result.failure_class)))
+            # a rank's own words, as plain text (junit-xml escapes it: an attribute value, never markup)
+            self.user_properties.append(("error_line", str(result.error_line or "")))
+            if result.failing_rank is not None:
+                self.user_properties.append(("failing_rank", str(result.failing_rank)))
         if result.status == Status.XFAILED:
             pytest.xfail(verdict.message)
         if result.status == Status.XPASSED:

@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import datetime
 import json
+from pathlib import Path
 
+from tabulate import tabulate
+
+from ..judge.known import load_known_failures
 from ..judge.results import CellResult
 from ..judge.update import update_file
 from ..kinds import KnownKind, RecordType, Status
+from ..machine import versions
+from ..paths import KNOWN_FAILURES, PACKAGE
 from ..plots import walltime_plot
 from ..report import coverage, page
 from ..report.compare import change_lines, compare_runs
 from ..report.markdown import render_md
-from ..report.tables import render_text
+from ..report.tables import broken, render_text
+from ..report.twin import rows as twin_rows
+from ..report.twin import summary as twin_summary
+from ..report.twin import twins
+from ..versions.bisect import table as bisect_table
+from ..versions.sets import INSTALLED
+from .bisecting import window_of
 from ..run import lookahead
 from ..store.runs import WALLTIME_PLOT
 from ..yamlio import MatrixError
@@ -25,21 +37,27 @@ class Reporter:
         self.state, self.settings = state, state.settings
         self.selected = []  # (run, cell) of the collected items, in order
         self.progress = None
-        self.leftover_lines, self.update_lines, self.update_path = [], [], None
+        self.incidents, self.leftover_lines, self.update_lines, self.update_path = [], [], [], None
+        self.bisections = []  # session.bisecting.Found of --simplefsdp-bisect
 
     def summary(self, tr):
         s, state = self.settings, self.state
         if s.dry_run:
             lookahead.summary(state, self.selected, self.progress, tr)
-            if s.coverage:
-                self.coverage(tr)
+            return
+        if state.config.option.collectonly:  # no run: no report is written, no stored run is touched
             return
         doc = self.document()
         if state.compared is not None:
-            doc["comparison"] = compare_runs(state.compared, doc)
-            tr.section(f"simplefsdp: changes since {s.compare}")
+            against, old = state.compared
+            doc["comparison"], doc["compared_with"] = compare_runs(old, doc), against
+            tr.section(f"simplefsdp: changes since {against}")
             for line, good in change_lines(doc["comparison"]):
                 tr.write_line(line, red=not good, green=good)
+        if self.incidents:
+            tr.section("simplefsdp: launcher incidents", red=True)
+            for line in self.incidents:
+                tr.write_line(line, red=True)
         if self.leftover_lines:
             tr.section("simplefsdp: processes outlived the run (killed now)", red=True)
             for line in self.leftover_lines:
@@ -48,6 +66,8 @@ class Reporter:
         for line in self.update_lines:
             tr.write_line(f"{self.update_path}: {line}")
         tr.write_line(render_text(doc))
+        self.twin_section(tr, doc)
+        self.bisect_section(tr, doc)
         if state.store.jsonl is not None:
             tr.write_line(f"results: {state.store.path}")
         for run_doc in doc["runs"]:
@@ -67,13 +87,56 @@ class Reporter:
         for run, run_doc in zip(state.runs, doc["runs"]):  # the seed checkpoints the cells started from
             if state.book.seed_records.get(run.name):
                 run_doc["seeds"] = state.book.seed_records[run.name]
+        if self.incidents:
+            doc["incidents"] = list(self.incidents)
         if state.store.records and (self.settings.html or self.settings.status_md):
             doc["walltime_plot"] = walltime_plot(state.run_dir.resolve() / WALLTIME_PLOT, doc)
         return doc
 
+    def twin_section(self, tr, doc):
+        """--simplefsdp-twin: the cells whose verdict, signature or numerics differ between the two version sets."""
+        twin = self.settings.twin
+        if not twin:
+            return
+        doc["twin"] = []
+        for run_doc in doc["runs"]:
+            pairs = twins(run_doc, INSTALLED, twin)
+            first = f"installed ({', '.join(f'{k} {v}' for k, v in versions().items() if k != 'python')})"
+            rows = twin_rows(pairs, first, twin)
+            tr.section(f"simplefsdp twin: {run_doc['meta'].get('profile')}, {twin_summary(pairs, first, twin)}")
+            if rows:
+                tr.write_line(tabulate(rows, headers=("cell", "installed", twin, "numerics", "what differs"),
+                                       tablefmt="simple"))
+            walls = [(t.cell, t.a.get("wall"), t.b.get("wall")) for t in pairs]
+            tr.write_line("walls (s): " + ", ".join(f"{c} {a:.0f}/{b:.0f}" for c, a, b in walls if a and b))
+            doc["twin"].append({"profile": run_doc["meta"].get("profile"), "first": first, "second": twin,
+                                "pairs": [{"cell": t.cell, "first": t.a["status"], "second": t.b["status"],
+                                           "numerics": t.numerics(), "differs": t.differs(),
+                                           "walls": [t.a.get("wall"), t.b.get("wall")]} for t in pairs]})
+
+    def bisect_section(self, tr, doc):
+        if not self.bisections:
+            return
+        doc["bisections"] = []
+        for found in self.bisections:
+            cell = f"{found.run.matrix.profile}::{found.cell.id}"
+            if found.error:
+                tr.section(f"simplefsdp bisect: {cell}", red=True)
+                tr.write_line(found.error)
+                continue
+            b = found.bisection
+            window = (f"last like the first end: {b.window[0]}, first like the last end: {b.window[1]}" if b.window
+                      else b.message)
+            tr.section(f"simplefsdp bisect {found.package}: {cell}: {window}")
+            tr.write_line(tabulate(bisect_table(b), headers=("version", "outcome", "runs", "signature or line",
+                                                              "wall"), tablefmt="simple"))
+            tr.write_line(f"{len(b.probes)} versions probed of {len(b.versions)}; issue body: {found.issue}")
+            doc["bisections"].append({"cell": cell, "package": found.package, "issue": str(found.issue),
+                                      **b.record()})
+
     def write_files(self, tr, doc):
         s = self.settings
-        for path, text, what in ((s.status_md, lambda: render_md(doc), "status table"),
+        for path, text, what in ((s.status_md, lambda: render_md(doc, s.status_md.parent), "status markdown"),
                                  (s.json, lambda: json.dumps(doc, indent=1) + "\n", "json report")):
             if path:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,11 +158,38 @@ class Reporter:
         path.write_text(coverage.render(cov, fmt))
         tr.write_line(coverage.render(cov).splitlines()[0] + f" (report: {path})")
 
+    def windows(self) -> dict:
+        """Entry id -> the window a bisection or a twin run found: the cell's known failure, else its new entry."""
+        out = {}
+        for found in self.bisections:
+            window = window_of(found)
+            if window:
+                out[found.record.get("known_failure") or f"{found.run.matrix.profile}-{found.cell.id}"] = window
+        twin = self.settings.twin
+        if twin:
+            for run in self.state.runs:
+                doc = {"cells": [r for r in self.state.store.records if r["matrix"] == run.name
+                                 and r["type"] == RecordType.CELL]}
+                for t in twins(doc, INSTALLED, twin):
+                    if broken(t.a) is False and broken(t.b):  # passes on the installed versions, fails on the twin
+                        ran = {p: t.b.get("versions", {}).get(p) for p in ("torch", "torchtitan")}
+                        was = {p: t.a.get("versions", {}).get(p) for p in ("torch", "torchtitan")}
+                        changed = {p: v for p, v in ran.items() if v and v != was.get(p)}
+                        if changed:
+                            eid = t.b.get("known_failure") or f"{run.matrix.profile}-{t.b['id']}"
+                            out[eid] = {"first_failing": changed, "last_passing": {p: was[p] for p in changed}}
+        return out
+
     def update_known_failures(self):
-        """--simplefsdp-update-known-failures: new failures added, entries whose cells all passed removed."""
+        """--simplefsdp-update-known-failures: new failures added, entries whose cells all passed removed. The file
+        that judged the run is updated; the shipped one never is (it lies in the installed package): the update goes
+        to the rootdir's known_failures.yaml, made from the shipped file's text."""
         state = self.state
         path = state.known.path if state.known else (self.settings.known_failures
                                                      or state.config.rootpath / "known_failures.yaml")
+        if Path(path).resolve() == KNOWN_FAILURES.resolve() and KNOWN_FAILURES.resolve().is_relative_to(PACKAGE):
+            path = state.config.rootpath / "known_failures.yaml"
+            path.write_text(KNOWN_FAILURES.read_text())
         runs = {run.name: run for run in state.runs}
         cells = [(runs[r["matrix"]], CellResult.from_record(r)) for r in state.store.records
                  if r["type"] == RecordType.CELL and not r.get("mutant")]
@@ -111,5 +201,10 @@ class Reporter:
                 outcomes.setdefault(e.id, []).append(r.failure_class is None)
         xfails = {e.id for e in (state.known.entries if state.known else []) if e.kind == KnownKind.XFAIL}
         passing = {eid for eid, passed in outcomes.items() if all(passed) and eid in xfails}
-        self.update_lines = update_file(path, new, passing, datetime.date.today().isoformat())
+        try:
+            self.update_lines = update_file(path, new, passing, datetime.date.today().isoformat(),
+                                            check=lambda written: load_known_failures(written, None),
+                                            windows=self.windows())
+        except (MatrixError, ValueError) as e:  # the old file stays as it was
+            self.update_lines = [f"not updated: the new text would not load: {e}"]
         self.update_path = path

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from ..judge import mutants
 from ..judge.known import could_apply, load_known_failures
-from ..kinds import Device
+from ..kinds import Device, RecordType
 from ..launch.builtin import LAUNCHERS
 from ..machine import cuda_device_ids, installed
+from ..options import NEWEST
 from ..paths import KNOWN_FAILURES, PACKAGE, cache_root
 from ..spec.matrix import SourceUnavailable
 from ..spec.profiles import MatrixRun, matrix_files, shipped, shipped_path
 from ..spec.upstream import UPSTREAM_AXES
+from ..versions.sets import INSTALLED, available_versions, parse
 from ..store.runs import RunError, load_run
 from ..yamlio import MatrixError
 
@@ -35,7 +38,7 @@ def make_launcher(config, dry_run):
 def load_runs(config, s, files, cache_dir):
     """The session's matrix files, loaded, expanded, and bound to what is installed."""
     try:
-        runs = [MatrixRun(p, config, cache_dir, s.tier) for p in (files or matrix_files(s, config.rootpath))]
+        runs = [MatrixRun(p, config, cache_dir, s.tier, s.version_sets) for p in (files or matrix_files(s, config.rootpath))]
         for run in runs:
             problem = run.target.check_installed()
             if problem and not s.dry_run:
@@ -56,67 +59,98 @@ def known_failures_path(config, s):
 
 
 def load_known(config, s, runs, cache_dir):
-    """The known failures, each entry checked to be able to match a valid cell of some profile (every profile
-    shipped or run counts; shipped ones in the real tier, since a tier's rules may drop more). Expanding every
-    profile for that check is most of a session's start (millions of excludes on the GPU profiles), so what it
-    found is kept per content key (``check_key``): a start where nothing it depends on changed reads it back."""
+    """The known failures, each entry checked to be able to match a valid cell of some profile: the shipped ones
+    (in the real tier, since a tier's rules may drop more) or one this session runs. Expanding every shipped profile
+    for that check is most of a session's start (millions of excludes on the GPU profiles), so what it found is
+    kept per content key (``check_key``: the file, the shipped profiles, the plugin's code); the session's own
+    matrices are checked every time (their cells are already expanded)."""
     path = known_failures_path(config, s)
-    key = check_key(config, path, runs)
-    cached = cache_root() / "known-check" / f"{key}.json"
+    cached = cache_root() / "known-check" / f"{check_key(config, path)}.json"
     if cached.is_file():
         facts = json.loads(cached.read_text())
-        try:
-            return load_known_failures(path, set(facts["axes"]), allow_todo_links=s.update_known_failures,
-                                       profiles=set(facts["profiles"]))
-        except MatrixError as e:
-            raise pytest.UsageError(str(e)) from None
-    known, facts = _check_known(config, s, path, runs, cache_dir)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(facts))
-    return known
-
-
-def _check_known(config, s, path, runs, cache_dir):
-    profiles, unloadable = list(runs), set()
-    for p in shipped(config.rootpath).values():
-        if not any(r.matrix.path.resolve() == p.resolve() and r.matrix.tier == "real" for r in runs):
-            try:
-                profiles.append(MatrixRun(p, config, cache_dir))
-            except SourceUnavailable:
-                unloadable.add(p.stem)  # an upstream-sourced profile whose torchtitan is not installed here
-            except MatrixError as e:  # a broken shipped profile is an error, not an unknown axis later
-                raise pytest.UsageError(f"a shipped profile does not load: {e}") from None
-    axis_names = {a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES
-    names = {r.matrix.profile for r in profiles} | unloadable
+    else:
+        facts = _shipped_facts(config, path, runs, cache_dir)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        part = cached.with_suffix(f".{os.getpid()}.part")  # sessions in parallel never read half a file
+        part.write_text(json.dumps(facts))
+        os.replace(part, cached)
+    axis_names = set(facts["axes"]) | {a for r in runs for a in r.matrix.axes}
+    names = set(facts["profiles"]) | {r.matrix.profile for r in runs}
     try:
-        known = load_known_failures(path, axis_names, allow_todo_links=s.update_known_failures, profiles=names)
+        known = load_known_failures(path, axis_names, profiles=names)
         for entry in known.entries:
             named = entry.when.get("profile")
             named = set(named if isinstance(named, list) else [named]) if named else set()
-            if entry.foreign or (named and named <= unloadable):
-                continue  # its profiles are not loaded (or cannot be, here): nothing to check it against
-            if not any(could_apply(entry, c.axes, r.env()) for r in profiles for c in r.cells):
+            if entry.id in facts["matched"] or entry.foreign or (named and named <= set(facts["unloadable"])):
+                continue  # it matches a shipped cell, or its profiles are not loaded (or cannot be, here)
+            if not any(could_apply(entry, c.axes, r.env(c.axes)) for r in runs for c in r.cells):
                 raise MatrixError(f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
-                                  f"({', '.join(r.matrix.profile for r in profiles)})")
+                                  f"({', '.join(sorted(names))})")
     except MatrixError as e:
         raise pytest.UsageError(str(e)) from None
-    return known, {"axes": sorted(axis_names), "profiles": sorted(names)}
+    return known
 
 
-def check_key(config, path, runs) -> str:
-    """What the known-failures check depends on: the file, every profile's file, the plugin's own code, the
-    installed torchtitan (whether the upstream-sourced profiles load), the tier, and the source of every other
-    plugin that can change targets or cells (a conftest's pytest_simplefsdp_modify_cells)."""
+def _shipped_facts(config, path, runs, cache_dir):
+    """What the known-failures check needs of the shipped profiles: their axes and names, the ones that cannot load
+    here, and the entries that match one of their valid cells."""
+    profiles, unloadable = [], set()
+    for p in shipped(config.rootpath).values():
+        try:
+            profiles.append(MatrixRun(p, config, cache_dir))
+        except SourceUnavailable:
+            unloadable.add(p.stem)  # an upstream-sourced profile whose torchtitan is not installed here
+        except MatrixError as e:  # a broken shipped profile is an error, not an unknown axis later
+            raise pytest.UsageError(f"a shipped profile does not load: {e}") from None
+    axis_names = {a for r in profiles for a in r.matrix.axes} | {a for r in runs for a in r.matrix.axes} | UPSTREAM_AXES
+    names = {r.matrix.profile for r in profiles} | unloadable | {r.matrix.profile for r in runs}
+    try:
+        known = load_known_failures(path, axis_names, profiles=names)
+    except MatrixError as e:
+        raise pytest.UsageError(str(e)) from None
+    matched = [e.id for e in known.entries
+               if any(could_apply(e, c.axes, r.env(c.axes)) for r in profiles for c in r.cells)]
+    return {"axes": sorted({a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES),
+            "profiles": sorted({r.matrix.profile for r in profiles} | unloadable),
+            "unloadable": sorted(unloadable), "matched": matched}
+
+
+def check_key(config, path) -> str:
+    """What the shipped half of the known-failures check depends on: the file, every shipped profile's file, the
+    plugin's own code, the installed torchtitan (whether the upstream-sourced profiles load), and the source of
+    every other plugin that can change targets or cells (a conftest's pytest_simplefsdp_modify_cells)."""
     h = hashlib.sha256()
-    files = [Path(path), *shipped(config.rootpath).values(), *(r.matrix.path for r in runs)]
-    files += sorted(PACKAGE.rglob("*.py"))
+    files = [Path(path), *shipped(config.rootpath).values(), *sorted(PACKAGE.rglob("*.py"))]
     for hook in (config.hook.pytest_simplefsdp_modify_cells, config.hook.pytest_simplefsdp_make_target):
         files += [Path(i.plugin.__file__) for i in hook.get_hookimpls() if getattr(i.plugin, "__file__", None)]
     for f in sorted(set(files)):
         h.update(f"{f}\0".encode())
         h.update(f.read_bytes() if f.is_file() else b"-")
-    h.update(json.dumps([installed("torchtitan"), sorted(str(r.matrix.tier) for r in runs)]).encode())
+    h.update(installed("torchtitan").encode())
     return h.hexdigest()[:20]
+
+
+def check_versions(s, runs) -> list[str]:
+    """The version sets the cells run on, each pinned version checked against the index's releases: an unknown one
+    is a usage error naming it and the versions the index has. An index that cannot be reached checks nothing (the
+    environment's build then fails as infra, with the installer's line). Returns header lines."""
+    labels = {v for run in runs for v in run.matrix.axes.get("versions", [])} - {INSTALLED}
+    pins = {(p, v) for label in labels for p, v in parse(label).pins if not v.startswith("@")}
+    known, lines = {}, []
+    for package, version in sorted(pins):
+        if package not in known:
+            try:
+                known[package] = available_versions(package)
+            except (OSError, ValueError) as e:
+                known[package] = None
+                lines.append(f"simplefsdp: the package index could not be asked for {package}'s releases ({e}); "
+                             f"its version sets are checked when their environments are built")
+        if known[package] is not None and version not in known[package]:
+            near = ", ".join(known[package][-12:])
+            raise pytest.UsageError(f"version set {package}=={version}: the index has no {package} {version}; "
+                                    f"its releases: {near}")
+    return lines + [f"simplefsdp: version sets: {', '.join(sorted(labels))} (environments under "
+                    f".simplefsdp/envs/, built with uv where none is kept)"] * bool(labels)
 
 
 def cell_arguments(config):
@@ -175,14 +209,38 @@ def check_gpus(runs, runner):
     return out
 
 
-def stored_run(path, option):
-    """A stored run an option names, read now: a bad file is found before any cell runs."""
+def stored_run(path, option, runs=(), runs_dirs=()):
+    """(what it is, the run) of a stored run an option names, read now: a bad file is found before any cell runs.
+    ``newest`` (a bare --simplefsdp-compare): the newest results.jsonl under ``runs_dirs`` with a profile of ``runs``."""
     if path is None:
         return None
+    if path == NEWEST:
+        path = newest_run(runs, runs_dirs)
+        if path is None:
+            raise pytest.UsageError(f"--simplefsdp-{option}: no stored run of profile "
+                                    f"{', '.join(sorted({r.matrix.profile for r in runs}))} under "
+                                    f"{', '.join(map(str, runs_dirs))}; name a run's file")
     try:
-        return load_run(path)
+        return str(path), load_run(path)
     except (OSError, RunError) as e:
         raise pytest.UsageError(f"--simplefsdp-{option}: {e}") from None
+
+
+def newest_run(runs, runs_dirs):
+    """The newest stored results.jsonl whose meta records name a profile of ``runs`` (pytest-benchmark's bare
+    --benchmark-compare), or None."""
+    profiles = {r.matrix.profile for r in runs}
+    found = sorted({p for d in runs_dirs for p in Path(d).glob("*/results.jsonl")}, key=lambda p: p.stat().st_mtime,
+                   reverse=True)
+    for path in found:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("type") == RecordType.META and rec.get("profile") in profiles:
+                return path
+    return None
 
 
 def chosen_mutants(s, runs):

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from ..judge import mutants
+from ..judge.known import signature
 from ..judge.results import CellResult
 from ..judge.verdict import apply
 from ..kinds import FailureClass, KnownKind, RecordType, Status
@@ -20,6 +21,7 @@ from ..options import settings
 from ..run.baselines import Book, Unavailable
 from ..run.runner import CellRunner
 from ..store.results import ResultStore
+from ..versions.envs import Environments
 from . import setup
 
 
@@ -42,22 +44,25 @@ class MatrixSession:
             if s.dry_run:
                 raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
         self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
-        self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks)
+        self.envs = Environments(self.cache_dir / "envs", s.fresh, s.torchtitan_repo)  # one per version set
+        self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks, self.envs)
         self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
         self.runs = setup.load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
+        self.version_lines = [] if s.dry_run else setup.check_versions(s, self.runs)  # unknown ones: a usage error
         self.unavailable = {} if s.dry_run else setup.check_gpus(self.runs, self.runner)  # run -> why not here
         self.mutants = setup.chosen_mutants(s, self.runs)  # run name -> [mutants.Mutant] of --simplefsdp-mutants
         self.known = setup.load_known(config, s, self.runs, self.cache_dir)
-        self.compared = setup.stored_run(s.compare, "compare")
+        self.runs_dirs = [self.cache_dir / "runs", *([s.artifacts.parent] if s.artifacts else [])]
+        self.compared = setup.stored_run(s.compare, "compare", self.runs, self.runs_dirs)  # (what, run) or None
         self.store = ResultStore(self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name,
-                                 config.hook, config)
+                                 config.hook, config, about=self.known.about() if self.known else None)
         self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
         self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
 
     # --- known failures -----------------------------------------------------------------------------
 
     def entries_for(self, run, cell):
-        return self.known.for_cell(cell.axes, run.env()) if self.known else []
+        return self.known.for_cell(cell.axes, run.env(cell.axes)) if self.known else []
 
     def skip_entry(self, run, cell):
         return next((e for e in self.entries_for(run, cell) if e.kind == KnownKind.SKIP), None)
@@ -91,7 +96,40 @@ class MatrixSession:
         if cell.mutant:
             mutant = next(m for m in run.target.MUTANTS if m.name == cell.mutant)
             return mutants.judge(result, mutant), None
-        return result, apply(result, self.entries_for(run, cell), self.settings.gate)
+        verdict = apply(result, self.entries_for(run, cell), self.settings.gate, self.settings.update_known_failures)
+        if result.status == Status.FAILED and result.failure_class and verdict.entry is None:
+            self.confirm(run, cell, result)
+        return result, verdict
+
+    def confirm(self, run, cell, result):
+        """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it
+        is reported as new; one that passes in any run is reported as flaky, with its pass rate."""
+        runs = self.settings.confirm
+        if runs <= 1:
+            return
+        again = [self.run_attempt(run, cell, f"confirm{n}") for n in range(2, runs + 1)]
+        passed = sum(1 for r in again if r.status == Status.PASSED)
+        signatures = list(dict.fromkeys(signature(r.error_text or r.error_line) for r in [result, *again]
+                                        if r.failure_class))
+        result.confirm = {"runs": runs, "passed": passed, "pass_rate": round(passed / runs, 3),
+                          "signatures": signatures, "folders": [r.log_dir for r in again]}
+        if passed:
+            result.flaky = True
+            result.verdict = (f"flaky, new: passed {passed} of {runs} runs (no known-failures entry; "
+                              f"--simplefsdp-update-known-failures adds a kind: flaky entry with its pass rate)")
+        else:
+            result.verdict = f"new: failed in every one of {runs} runs" + (
+                f" ({len(signatures)} different errors)" if len(signatures) > 1 else "")
+
+    def run_attempt(self, run, cell, attempt):
+        """The cell once more, beside its first run (``<cell>/<attempt>/``), compared with its baseline."""
+        again = dataclasses.replace(cell, id=f"{cell.id}/{attempt}")
+        seed = self.book.seed_for(run, cell)
+        result = self.runner.run(run, again, seed=None if isinstance(seed, Unavailable) else seed)
+        own_baseline = run.matrix.numerics and run.target.baseline_axes(cell.axes) == cell.axes
+        if run.matrix.numerics and not own_baseline and not isinstance(seed, Unavailable):
+            self.book.check(run, again, result)  # (a cell that is its own baseline has nothing to be compared with)
+        return result
 
     def record(self, run, result, kind=RecordType.CELL):
         if kind == RecordType.CELL:
@@ -122,17 +160,22 @@ class MatrixSession:
         return result
 
     def close(self):
-        """The session's end: the launchers' servers and anything of this run still alive. Returns
-        the leftovers that had to be killed (the clean-up guarantee: nothing of this run may survive it)."""
-        if self.packer:
-            self.packer.close()
-        self.launcher.close()
-        leftovers = [p for p in session_leftovers() if p.is_running()]
-        lines = []
+        """The session's end: the launchers' servers and anything of this run still alive (the clean-up guarantee:
+        nothing of this run may survive it). Returns (lines of what went wrong in the launchers during the run: a
+        fork server that ended on its own, a close that failed; lines of the leftovers that had to be killed).
+        It never raises: the session's report comes after it."""
+        incidents = list(getattr(self.launcher, "incidents", list)())
+        for step, what in ((lambda: self.packer and self.packer.close(), "stopping the cell packer"),
+                           (self.launcher.close, f"closing the {self.launcher.name} launcher")):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - reported in the summary, never a traceback that loses it
+                incidents.append(f"{what} failed: {type(e).__name__}: {e}")
+        leftovers, lines = [p for p in session_leftovers() if p.is_running()], []
         for p in leftovers:
             try:
                 lines.append(f"pid {p.pid}: {' '.join(p.cmdline()[:6])}")
             except psutil.Error:
                 pass
         kill_procs(leftovers)
-        return lines
+        return incidents, lines

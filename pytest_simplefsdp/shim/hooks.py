@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 STARTUP_LINES = []  # what the shim said at start-up: a fork server's ranks repeat it into their own logs
@@ -92,9 +93,10 @@ _INSTALLED = []
 
 
 def install():
-    """The finder first on sys.meta_path, and the audit hook (once per process: audit hooks cannot be removed)."""
+    """The finder first on sys.meta_path, and the audit hook (once per process: audit hooks cannot be removed;
+    ``SIMPLEFSDP_PROBE_FALLBACK=0`` leaves it out, to see what a foreign import hook does without it)."""
     if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _PostImportFinder())
-    if not _INSTALLED:
+    if not _INSTALLED and os.environ.get("SIMPLEFSDP_PROBE_FALLBACK") != "0":
         sys.addaudithook(_audit)
         _INSTALLED.append(True)

@@ -7,6 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..versions.sets import INSTALLED, parse
 from .matrix import RULE_FUNCTIONS, Matrix, MatrixError
 from .upstream import upstream_axes
 
@@ -39,6 +40,9 @@ def id_parts(matrix: Matrix, axes: dict) -> dict:
     """axis -> how its value is written in ids and tables ("" where the matrix omits it)."""
     parts = {}
     for axis in matrix.axes:
+        if axis == "versions":  # a version set: its slug, none for the environment pytest runs in
+            parts[axis] = "" if axes[axis] == INSTALLED else parse(axes[axis]).slug()
+            continue
         spec = matrix.ids.get(axis, {})
         omit = spec.get("omit", [])
         omit = omit if isinstance(omit, list) else [omit]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..kinds import Device, Tier
+from ..versions.sets import INSTALLED, VersionError, parse
 from ..yamlio import MatrixError, line_of, load_yaml, plain
 
 TOP_KEYS = {
@@ -44,6 +45,8 @@ TOP_KEYS = {
                 "update_atol, update_steps}]}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
              "profile's when each cell runs as one simulated rank on a CPU machine",
+    "versions": "package -> versions every cell runs on ({torch: [installed, 2.15.0]}): an axis `versions` whose "
+                "values are version sets (torch==2.15.0); each set runs in an environment of its own (uv)",
 }
 TRACE_KEYS = {"models", "settings", "rules", "rank"}
 NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes"}
@@ -194,6 +197,8 @@ def load_matrix(path) -> Matrix:
         if key not in doc:
             raise MatrixError(f"{path}: missing required key `{key}`")
     axes = {"upstream": []} if source else _axes(path, doc, lines)
+    if "versions" in doc:
+        axes["versions"] = _versions(doc["versions"], lines["versions"])
     for key in ("settings", "models", "ids", "groups"):  # (a list here once crashed or passed silently)
         _mapping_or_none(path, doc, key, lines.get(key))
     return Matrix(
@@ -250,6 +255,31 @@ def _axes(path, doc, lines):
             raise MatrixError(f"{where}: axis {name!r} lists a value twice: {list(values)}")
         axes[name] = plain(values)
     return axes
+
+
+def _versions(node, where):
+    """The matrix's `versions` key as the labels of the `versions` axis: one version set per combination."""
+    if not isinstance(node, dict) or not node:
+        raise MatrixError(f"{where}: `versions` must map packages to lists of versions, e.g. {{torch: [installed, 2.15.0]}}")
+    combos = [[]]
+    for package, values in node.items():
+        values = values if isinstance(values, list) else [values]
+        combos = [c + [(package, v)] for c in combos for v in plain(values)]
+    labels = []
+    for combo in combos:
+        text = ",".join(f"{p}=={v}" for p, v in combo if str(v) != INSTALLED) or INSTALLED
+        try:
+            labels.append(parse(text).label())
+        except VersionError as e:
+            raise MatrixError(f"{where}: versions: {e}") from None
+    return list(dict.fromkeys(labels))
+
+
+def with_versions(matrix: Matrix, labels) -> Matrix:
+    """The matrix with its `versions` axis set to these version sets (--simplefsdp-versions, --simplefsdp-twin)."""
+    if not labels:
+        return matrix
+    return replace(matrix, axes={**{a: v for a, v in matrix.axes.items() if a != "versions"}, "versions": list(labels)})
 
 
 def _device(doc, lines, path):

@@ -17,7 +17,8 @@ from ..kinds import RecordType
 from ..machine import cuda_device_ids, installed, machine, versions
 from ..paths import MATRIX_DIR
 from .cells import cell_key, expand, id_parts
-from .matrix import load_matrix, with_tier
+from .matrix import load_matrix, with_tier, with_versions
+from ..versions.sets import INSTALLED, parse
 from .upstream import with_source
 
 COLUMN_AXES = ("compile", "backend", "memory_policy")
@@ -77,8 +78,8 @@ def run_name(path: Path, rootdir) -> str:
 class MatrixRun:
     """One matrix file of the session: its matrix (in the session's tier), target, cells and n/a cells."""
 
-    def __init__(self, path, config, cache_dir, tier="real"):
-        self.matrix = with_tier(with_source(load_matrix(path)), tier)
+    def __init__(self, path, config, cache_dir, tier="real", versions=()):
+        self.matrix = with_versions(with_tier(with_source(load_matrix(path)), tier), versions)
         self.target = config.hook.pytest_simplefsdp_make_target(matrix=self.matrix, cache_dir=cache_dir)
         self.cells, self.dropped = expand(self.matrix)
         config.hook.pytest_simplefsdp_modify_cells(config=config, matrix=self.matrix, cells=self.cells,
@@ -94,8 +95,8 @@ class MatrixRun:
                 "versions": versions(), **machine(), "date": datetime.date.today().isoformat(),
                 "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": str(self.matrix.tier),
                 "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells)),
-                "valid": [dict(zip(("model", "row", "column"), (c.axes.get("model", ""), *self.labels(c.axes))))
-                          for c in self.cells]}
+                "valid": [{"model": c.axes.get("model", ""), **dict(zip(("row", "column"), self.labels(c.axes))),
+                           "id": c.id, "axes": c.axes} for c in self.cells]}
 
     def labels(self, axes):
         """(row, column) labels for the table: columns are compile x backend x memory policy (an upstream test
@@ -122,9 +123,10 @@ class MatrixRun:
         return [{"id": d.id, "axes": d.axes, "rule": d.rule, "reason": d.reason,
                  **dict(zip(("row", "column"), self.labels(d.axes)))} for d in self.dropped]
 
-    def env(self):
-        """What known-failure conditions can name besides axes."""
-        v = versions()
+    def env(self, axes=None):
+        """What known-failure conditions can name besides axes; the versions are the cell's (``axes``: its version
+        set), else those pytest runs with."""
+        v = parse((axes or {}).get("versions", INSTALLED)).versions(versions())
         return {"profile": self.matrix.profile, "target": self.target.name, "device": self.matrix.device,
                 "tier": self.matrix.tier, "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
 

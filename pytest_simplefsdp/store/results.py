@@ -14,8 +14,9 @@ from ..kinds import RecordType
 
 
 class ResultStore:
-    def __init__(self, run_dir: Path, runs, launcher_of, hook=None, config=None):
+    def __init__(self, run_dir: Path, runs, launcher_of, hook=None, config=None, about=None):
         self.run_dir, self.runs, self.launcher_of = run_dir, runs, launcher_of  # run -> its launcher's name
+        self.about = dict(about or {})  # what every meta record adds (the known-failures file that judged the run)
         self.hook, self.config = hook, config
         self.lock = threading.RLock()  # cells may run in threads (--simplefsdp-jobs)
         self.pending = []  # records made since the last test report (they ride on the next one)
@@ -57,7 +58,7 @@ class ResultStore:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.jsonl = open(self.path, "a")
             for run in self.runs:
-                self._write(run.meta(self.launcher_of(run)))
+                self._write(self.meta(run))
                 for rec in run.dropped_records():
                     self._write({"type": str(RecordType.DROPPED), "matrix": run.name, **rec})
 
@@ -65,6 +66,9 @@ class ResultStore:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         os.fsync(self.jsonl.fileno())
+
+    def meta(self, run):
+        return {**run.meta(self.launcher_of(run)), **self.about}
 
     def document(self):
         """The run as --simplefsdp-json writes it: per matrix file its meta, cells (in matrix order),
@@ -78,7 +82,7 @@ class ResultStore:
                            key=lambda r: order.get(r["id"], len(order)))
             baselines = [s for r, s in zip(mine, strip) if r["type"] == RecordType.BASELINE]
             mutated = [s for r, s in zip(mine, strip) if r["type"] == RecordType.CELL and r.get("mutant")]
-            meta = run.meta(self.launcher_of(run))
+            meta = self.meta(run)
             meta.pop("type")
             runs.append({"meta": meta, "cells": cells, "dropped": run.dropped_records(), "baselines": baselines,
                          **({"mutants": mutated} if mutated else {})})

@@ -42,11 +42,13 @@ class DroppedRecord(Record):
 
 
 class Place(Record):
-    """Where a valid cell of the matrix sits in the table (its model's grid, row and column)."""
+    """Where a valid cell of the matrix sits in the table (its model's grid, row and column), its id and axes."""
 
     model: str = ""
     row: str
     column: str
+    id: str | None = None  # (runs before 0.2: none)
+    axes: dict[str, Any] | None = None
 
 
 class RunMeta(Record):
@@ -62,6 +64,7 @@ class RunMeta(Record):
     tier: Tier = Tier.REAL
     columns: list[str] = []
     valid: list[Place] = []  # every valid cell's place, selected or not (older runs: none)
+    known_failures: dict[str, str] | None = None  # {path, sha256} of the file that judged the run (older: none)
 
 
 class RunRecord(Record):
@@ -74,7 +77,9 @@ class RunRecord(Record):
 
 class RunDoc(Record):
     runs: list[RunRecord]
-    comparison: dict[str, str] | None = None
+    comparison: dict[str, str] | None = None  # key -> report.compare's change word
+    compared_with: str | None = None  # the stored run compared with
+    incidents: list[str] | None = None  # what went wrong in the launchers during the run (a fork server that ended)
 
 
 LINE_KINDS = {RecordType.META: RunMeta, RecordType.CELL: CellRecord, RecordType.BASELINE: CellRecord,

@@ -91,6 +91,7 @@ class Target:
     name = ""
     spelling = "as written in the matrix file"
     MUTANTS: tuple = ()  # judge.mutants.Mutant: the bugs the target can re-inject (--simplefsdp-mutants)
+    REQUIRES: tuple = ()  # what a version set's environment installs for it beyond the set's pins
 
     def __init__(self, matrix: Matrix):
         self.matrix = matrix
@@ -158,6 +159,8 @@ class Target:
 
 class TorchtitanTarget(Target):
     """What both torchtitan generations share: versions, assets, degree flags, spelling by the installed config."""
+
+    REQUIRES = ("torch", "torchtitan", "triton", "psutil")  # (torchtitan imports triton; SLURM's reaper needs psutil)
 
     SUPPORTS: dict = {}  # package -> version range this target runs against
     AXES: dict = {}

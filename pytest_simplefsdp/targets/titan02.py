@@ -33,6 +33,7 @@ class Titan02(TorchtitanTarget):
         "backend": ("aot_eager", "inductor"),
         "ac": ("none", "selective", "op", "full"),  # op: selective AC per op (--activation_checkpoint.selective_ac_option op)
         "feature": FILE_DEFINED,
+        "versions": FILE_DEFINED,  # the version sets the cells run on (matrix key `versions`, --simplefsdp-versions)
         "upstream": FILE_DEFINED,
     }
     MODEL_KEYS = ("name", "flavor")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..commands import RankCommand
-from ..judge.evidence import Expect, inductor_codegen
+from ..judge.evidence import Expect, check, inductor_codegen
 from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
 from ..spec.matrix import MatrixError
 from ..spec.upstream import options
@@ -42,6 +42,7 @@ class Titan03(TorchtitanTarget):
         # upstream's graph_trainer/tests/test_numerics.py holds SimpleFSDP to
         "trainer": ("simplefsdp", "fsdp2"),
         "feature": FILE_DEFINED,  # names of the matrix's `features`: flags upstream tests set beyond the axes
+        "versions": FILE_DEFINED,  # the version sets the cells run on (matrix key `versions`, --simplefsdp-versions)
         "upstream": FILE_DEFINED,  # source: upstream: the name of the upstream test a cell runs
     }
     MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
@@ -202,28 +203,31 @@ class Titan03(TorchtitanTarget):
         every degree as asked, a mesh axis of that size for each parallelism, the compile mode, memory
         policy, inductor strategy or backend, and the PP schedule."""
         a, plan = cell.axes, []
+        mesh, config, traced = ("mesh",), ("config",), ("traced", "train_step")  # the shim's hooks that record them
         for axis in self.DEGREE_FLAGS:
             if axis in a:
-                plan.append(Expect(f"{axis}={a[axis]}", f"degrees.{axis}", str(a[axis])))
+                plan.append(Expect(f"{axis}={a[axis]}", f"degrees.{axis}", str(a[axis]), hooks=mesh))
                 if axis in self.MESH_AXES:
-                    plan.append(Expect(f"{axis}={a[axis]}", f"mesh.{axis}", str(a[axis]), default="1"))
+                    plan.append(Expect(f"{axis}={a[axis]}", f"mesh.{axis}", str(a[axis]), default="1", hooks=mesh))
         mode = a.get("compile", "aot_fx_trace")
-        plan.append(Expect(f"compile={mode}", "config.compile.mode", "None" if mode == "eager" else mode))
+        plan.append(Expect(f"compile={mode}", "config.compile.mode", "None" if mode == "eager" else mode, hooks=config))
         trainer = a.get("trainer", "simplefsdp")
-        plan.append(Expect(f"trainer={trainer}", "config.trainer", self.TRAINER_CLASS[trainer]))
+        plan.append(Expect(f"trainer={trainer}", "config.trainer", self.TRAINER_CLASS[trainer], hooks=config))
         if mode == "aot_fx_trace":  # configured is not done: the step ran a traced forward+backward graph
-            plan.append(Expect(f"compile={mode}", "graph.traced", "yes", default="no"))
+            plan.append(Expect(f"compile={mode}", "graph.traced", "yes", default="no", hooks=traced))
         for flag in self.compile_flags(a)[1:]:  # inductor strategy or backend, memory policy
             plan.append(Expect(flag.source.removeprefix("axis ").removeprefix("setting "), f"config.{flag.name}",
-                               str(flag.value)))
+                               str(flag.value), hooks=config))
         if a.get("pp", 1) > 1:
             plan.append(Expect(f"pp_schedule={a['pp_schedule']}", "config.parallelism.pipeline_parallel_schedule",
-                               a["pp_schedule"]))
+                               a["pp_schedule"], hooks=config))
         return plan
 
     def evidence(self, cell, log_dir: Path):
-        """The probe's evidence and, for an inductor cell, inductor's output code in the compile trace."""
-        found = super().evidence(cell, log_dir)
+        """The probe's evidence from every rank that ran (the trace tier runs one) and, for an inductor cell,
+        inductor's output code in the compile trace."""
+        ranks = [self.matrix.trace["rank"]] if self.matrix.tier == "trace" else range(cell.world)
+        found = check(self.evidence_plan(cell), log_dir, ranks)
         a = cell.axes
         if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and self.matrix.tier == "real":
             found.append(inductor_codegen(Path(log_dir) / "torch_trace"))

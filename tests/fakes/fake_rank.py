@@ -15,6 +15,7 @@ rank that stops makes its peers wait, as a missed all-reduce would. Modes:
   closeraise --rank closes its stdout and stderr, then raises at step --at-step
   daemon     rank 0 double-forks a setsid daemon that execs `sleep 97` with an empty environment
   ignoretp   like pass, but every rank records a TP mesh of size 1 whatever --tp asked
+  leave      --rank exits with code 0 at step --at-step, before its barrier: its peers wait for it forever
 With SIMPLEFSDP_INVARIANTS=1 every rank records each step's optimizer invariants as the shim's training probe does
 (steps.rank<RANK>.jsonl: a replicated parameter `w`, a sharded one `s`, one optimizer and scheduler step each);
 from step --at-step on, --rank breaks one:
@@ -22,6 +23,8 @@ from step --at-step on, --rank breaks one:
   lrskew       its learning rate differs    extrastep     it runs one more optimizer step
   bigupdate    its piece of `s` moves twice as far (the update norm differs; every invariant holds)
   norecord     it records nothing (its probe did not run)
+Versions (a version set's environment, where "torch" may be a stand-in wheel): --breaks-from V fails --rank at
+--at-step from torch V on; --other-at V fails it with another error on torch V; --flaky-at V fails every second run.
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
 shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
 recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
@@ -60,6 +63,11 @@ def main():
     p.add_argument("--checkpoint", action="store_true", help="resume from <dump>/checkpoint, save there at the end")
     p.add_argument("--no-load", action="store_true", help="with --checkpoint: ignore the saved one (a broken resume)")
     p.add_argument("--needs", default=None, help="a file a step before the cell must have written (its artifact)")
+    p.add_argument("--breaks-from", default=None, help="from this torch version on (its environment's, read from its "
+                                                       "metadata), --rank raises at --at-step: a regression")
+    p.add_argument("--other-at", default=None, help="on exactly this torch version, --rank raises another error")
+    p.add_argument("--flaky-at", default=None, help="on exactly this torch version, every second run fails (a file "
+                                                    "beside the dump folders counts them)")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
@@ -110,8 +118,15 @@ def main():
     if a.checkpoint and not a.no_load and os.path.exists(saved):
         first = int(open(saved).read()) + 1
         print(f"Finished loading the checkpoint in 0.01 seconds (step {first - 1})", flush=True)
+    torch = installed_version("torch")
     for step in range(first, a.steps + 1):
         me = rank == target and step == a.at_step
+        if me and a.breaks_from and older(a.breaks_from, torch) is False:
+            raise RuntimeError(f"fake regression: broken since torch {a.breaks_from}")
+        if me and a.other_at == torch:
+            raise ValueError(f"another fake error on torch {torch}")
+        if me and a.flaky_at == torch and flaky_turn(a.dump):
+            raise RuntimeError(f"fake regression: broken since torch {a.breaks_from}")
         if a.mode == "failignore" and rank == 0 and step == a.at_step:
             raise RuntimeError("fake failure on purpose")
         if me and a.mode == "closeraise":
@@ -132,6 +147,8 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         if me and a.mode == "exit3":
             os._exit(3)
+        if me and a.mode == "leave":
+            return 0
         if me and a.mode == "flood":
             line = "x" * 1023 + "\n"
             for _ in range(a.flood_mb * 1024):
@@ -157,6 +174,32 @@ def main():
     with open(os.path.join(a.dump, f"times.rank{rank}"), "w") as f:  # for the packing tests
         f.write(f"{started} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
     return 0
+
+
+def installed_version(package):
+    from importlib import metadata
+
+    try:
+        return metadata.version(package).split("+")[0]
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def older(version, than):
+    """Whether ``than`` is older than ``version`` (None: no such package here)."""
+    if than is None:
+        return None
+    return tuple(map(int, than.split("."))) < tuple(map(int, version.split(".")))
+
+
+def flaky_turn(dump):
+    """Every second run of the cell fails: a count kept two folders above the cell's dump folder."""
+    counter = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(dump))), "flaky-count")
+    if os.environ["RANK"] != "1":
+        return False
+    n = int(open(counter).read()) if os.path.exists(counter) else 0
+    open(counter, "w").write(str(n + 1))
+    return n % 2 == 0
 
 
 def invariants(a, rank, step, broken):

@@ -1,0 +1,197 @@
+"""--simplefsdp-bisect: after the run, each cell to bisect is run again on other versions of one package until the
+window where its behaviour changes is found (versions.bisect). A probe is the cell on one version set, judged as any
+cell (evidence, invariants, numerics against its baseline of that set), ``--simplefsdp-confirm`` times. Each
+bisection leaves a markdown issue body beside the run (title, cell, signature, window, the reproducer with the
+versions pinned, the failing rank's log tail), ready to file upstream, and its window for the known-failures
+update."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
+from ..judge.known import signature
+from ..kinds import FailureClass, Status
+from ..machine import installed
+from ..report.page import main_log
+from ..versions.bisect import FAILS, OTHER, PASSES, UNTESTABLE, bisect, judge_runs, table
+from ..versions.sets import available_versions, cell_set, index_versions, order, wheel_versions
+
+# an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
+API_MISMATCH = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|has no attribute|unexpected keyword "
+                          r"argument|Unrecognized (option|arguments)|no environment for")
+DEFAULT_MINORS = 8  # the default list: the index's releases of the last 8 minor versions
+
+
+class BisectError(ValueError):
+    """A bisection that cannot start (a bad version list, no repository); the message says why."""
+
+
+@dataclasses.dataclass
+class Found:
+    run: object
+    cell: object  # the cell as it ran (its version set among its axes)
+    record: dict  # its record in the run
+    package: str
+    bisection: object = None  # versions.bisect.Bisection
+    issue: Path | None = None  # the markdown issue body written beside the run
+    error: str = ""  # why it could not be bisected
+
+
+class Bisector:
+    def __init__(self, state):
+        self.state, self.settings = state, state.settings
+        self.package = self.settings.bisect
+
+    def to_bisect(self, records, selected):
+        """[(run, cell, record)]: every new failure of the run; where the selection was narrowed (-k, node ids) every
+        selected cell that failed, known failures too."""
+        narrowed = bool(self.state.config.option.keyword or self.state.chosen)
+        by_key = {(r.name, c.id): (r, c) for r, c in selected}
+        out = []
+        for rec in records:
+            if rec["type"] != "cell" or rec.get("mutant") or (rec["matrix"], rec["id"]) not in by_key:
+                continue
+            failed = rec["status"] in (Status.FAILED, Status.XFAILED) and rec.get("failure_class")
+            new = rec["status"] == Status.FAILED and not rec.get("known_failure")
+            if failed and (new or narrowed):
+                out.append((*by_key[(rec["matrix"], rec["id"])], rec))
+        return out
+
+    def versions(self, current: str) -> list[str]:
+        """The ordered list to search: --simplefsdp-bisect-versions (a list, a range of the index's releases, a folder
+        of wheels, an index URL, or GOOD..BAD commits), else the index's releases of the last minor versions."""
+        spec = (self.settings.bisect_versions or "").strip()
+        if self.package == "torchtitan" and (".." in spec or self.settings.torchtitan_repo):
+            return [f"@{sha}" for sha in commits(self.settings.torchtitan_repo, spec)]  # (in the history's order)
+        if spec.startswith(("http://", "https://")):
+            found = index_versions(self.package, index=spec, timeout=60, prereleases=True)  # (nightlies)
+        elif spec and Path(spec).is_dir():
+            found = wheel_versions(Path(spec), self.package)
+        elif spec and not re.search(r"[<>=!~]", spec):
+            found = [v.strip() for v in spec.split(",") if v.strip()]
+        else:
+            releases = available_versions(self.package)
+            if spec:
+                try:
+                    found = [v for v in releases if Version(v) in SpecifierSet(spec)]
+                except InvalidSpecifier:
+                    raise BisectError(f"--simplefsdp-bisect-versions={spec}: not a list, range, folder, URL or "
+                                      f"GOOD..BAD") from None
+            else:
+                newest = Version(releases[-1])
+                found = [v for v in releases if Version(v).release[:1] == newest.release[:1]
+                         and Version(v).release[1] > newest.release[1] - DEFAULT_MINORS]
+        found = sorted(set(found) | {current}, key=order)
+        return found
+
+    def probe_for(self, run, cell, wanted):
+        """probe(version) -> Probe: the cell on that version, --simplefsdp-confirm runs, each judged."""
+        def probe(version):
+            vset = cell_set(cell.axes).with_pin(self.package, version)
+            runs = []
+            for n in range(1, self.settings.confirm + 1):
+                again = dataclasses.replace(cell, id=f"{cell.id}/bisect-{vset.slug()}-{n}",
+                                            axes={**cell.axes, "versions": vset.label()})
+                result = self.state.run_and_check(run, again)
+                runs.append((*outcome(result, wanted), result.wall))
+            return judge_runs(version, runs)
+        return probe
+
+    def run(self, records, selected) -> list[Found]:
+        found = []
+        for run, cell, rec in self.to_bisect(records, selected):
+            current = cell_set(cell.axes).versions({"torch": installed("torch").split("+")[0],
+                                                    "torchtitan": installed("torchtitan")})[self.package]
+            item = Found(run, cell, rec, self.package)
+            try:
+                versions = self.versions(current)
+            except (BisectError, OSError, subprocess.CalledProcessError) as e:
+                item.error = f"cannot bisect {cell.id}: {e}"
+                found.append(item)
+                continue
+            wanted = rec.get("signature") or signature(rec.get("error_text") or rec.get("error_line"))
+            known = {} if current not in versions else {current: judge_runs(current, [
+                (FAILS, wanted, rec.get("error_line") or "", rec.get("wall") or 0.0)])}
+            item.bisection = bisect(versions, self.probe_for(run, cell, wanted), known)
+            item.issue = self.issue(item, wanted)
+            found.append(item)
+        return found
+
+    def issue(self, item, wanted) -> Path:
+        """The markdown issue body beside the run: ready to file upstream."""
+        b, rec = item.bisection, item.record
+        folder = self.state.run_dir / "bisect"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{item.cell.id}-{item.package}.md"
+        window = (f"last {b.window[0]} / first {b.window[1]}" if b.window else b.message)
+        lines = [f"# {rec.get('error_line') or wanted} ({item.package} {window})", "",
+                 f"**Cell:** `{item.run.matrix.profile}::{item.cell.id}` ({item.run.target.name}, {item.cell.world} ranks)",
+                 f"**Signature:** `{wanted}`", f"**Window ({item.package}):** {window}", "",
+                 "| version | outcome | runs | signature or line | wall |", "|---|---|---|---|---|"]
+        lines += [f"| {' | '.join(str(x).replace('|', '/') for x in row)} |" for row in table(b)]
+        first = next((p for p in b.probes if b.window and p.version == b.window[1]), None)
+        log = main_log(rec)
+        tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
+        lines += ["", "## Reproducer", "", "```sh",
+                  f"uv venv && uv pip install {' '.join(self.pins(item, first))} triton",
+                  (Path(rec["log_dir"]) / "command.txt").read_text().strip()
+                  if (Path(rec["log_dir"]) / "command.txt").is_file() else "", "```", "",
+                  "## The failing rank's log (last lines)", "", "```", *tail, "```", ""]
+        path.write_text("\n".join(lines))
+        return path
+
+    def pins(self, item, probe):
+        vset = cell_set(item.cell.axes)
+        if probe is not None:
+            vset = vset.with_pin(item.package, probe.version)
+        return [f"{p}=={v}" if not v.startswith("@") else f"'torchtitan @ git+<repo>@{v[1:]}'" for p, v in vset.pins] \
+            or [f"torch=={installed('torch').split('+')[0]}", f"torchtitan=={installed('torchtitan')}"]
+
+
+def outcome(result, wanted) -> tuple:
+    """(outcome, signature, line) of one run of a probe against the signature being bisected."""
+    if result.status == Status.PASSED:
+        return PASSES, "", ""
+    sig = signature(result.error_text or result.error_line)
+    line = result.error_line or ""
+    if sig == wanted:
+        return FAILS, sig, line
+    if result.failure_class == FailureClass.INFRA and "no environment for" in line or \
+            (not result.losses and API_MISMATCH.search(line)):
+        return UNTESTABLE, sig, line
+    return OTHER, sig, line
+
+
+def window_of(found: Found) -> dict:
+    """The known-failures window a bisection found: the first version failing with the signature and the last one
+    passing, by the order of the list (a fix found: fixed_in)."""
+    b = found.bisection
+    if not b or not b.window:
+        return {}
+    outcomes = {p.version: p.outcome for p in b.probes}
+    before, after = b.window
+    strip = lambda v: v.lstrip("@")  # noqa: E731 - a commit is written without its marker
+    if outcomes.get(after) == FAILS:
+        return {"first_failing": {found.package: strip(after)}, "last_passing": {found.package: strip(before)}}
+    return {"fixed_in": {found.package: strip(after)}}
+
+
+def commits(repo, spec) -> list[str]:
+    """GOOD..BAD of a git checkout, oldest first, GOOD included (first-parent history: the merges the branch saw)."""
+    if not repo:
+        raise BisectError("--simplefsdp-bisect=torchtitan over commits needs --simplefsdp-torchtitan-repo=PATH")
+    if ".." not in spec:
+        raise BisectError(f"--simplefsdp-bisect-versions={spec!r}: name the commits as GOOD..BAD")
+    good, _, bad = spec.partition("..")
+    git = ["git", "-C", str(repo)]
+    resolve = lambda ref: subprocess.run([*git, "rev-parse", "--short=12", ref], check=True, capture_output=True,  # noqa: E731
+                                         text=True).stdout.strip()
+    listed = subprocess.run([*git, "rev-list", "--reverse", "--first-parent", "--abbrev-commit", "--abbrev=12",
+                             f"{good}..{bad}"], check=True, capture_output=True, text=True).stdout.split()
+    return [resolve(good), *listed]

@@ -1,0 +1,239 @@
+"""Reports that never say more than what ran: counts of the valid cells run, features Partly run, rows not run shown
+as ·; no report written without a run; the update command leaves a file the next run accepts; a known flaky cell is
+never newly broken or fixed; the report tool judges with the file that judged the run; text from a rank stays text
+in every output; which combination fails; the triage page in a real headless browser; progress while a cell runs."""
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from helpers import KF, fake_matrix, report_tool, run_doc
+
+pytestmark = pytest.mark.fake
+
+TWELVE = """\
+profile: twelve
+target:
+  command: ["{python}", "%s", "--mode", "pass", "--dump", "{dump_folder}", "--steps", "3"]
+device: cpu
+world_sizes: [2]
+timeout: 30
+settings: {steps: 3}
+axes:
+  model: [llama3, deepseek_v3]
+  pp: [1, 2]
+  compile: [eager, aot_fx_trace, jit]
+ids:
+  pp: {prefix: pp, omit: 1}
+"""
+
+
+def test_a_k_run_says_how_many_cells_ran_and_never_calls_a_feature_done(run_matrix, pytester):
+    """12 valid fake cells; -k runs 3 of them: the markdown and the page say "3 of 12 valid cells run", PP (2 of its
+    6 cells ran) is Partly run and never Done, and the model that did not run is in the grids, as ·."""
+    from helpers import FAKE_RANK
+
+    md, html = pytester.path / "status.md", pytester.path / "page.html"
+    result = run_matrix(TWELVE % FAKE_RANK, "-k", "llama3 and (eager or pp2) and not jit",
+                        f"--simplefsdp-status-md={md}", f"--simplefsdp-html={html}")
+    result.assert_outcomes(passed=3)
+    status = md.read_text()
+    assert "## Profile twelve — 3 of 12 valid cells run (3 passed); 0 combinations n/a" in status
+    assert "- [Partly run] PP (pp > 1): 2 of 6 cells run, 2 pass" in status
+    assert "[Done]" not in status  # nothing ran all of its valid cells
+    assert "### deepseek_v3: 0 of 6 valid cells run" in status  # a model that did not run is shown
+    assert "·" in status.split("### deepseek_v3")[1]
+    page = html.read_text()
+    assert "3 of 12 valid cells run" in page and "[Partly run] PP (pp &gt; 1): 2 of 6 cells run, 2 pass" in page
+
+
+def test_collect_only_dry_run_and_plan_write_no_report(run_matrix, pytester):
+    """Every report option set (the ini keys too): --co, the dry run and the plan leave existing files as they were."""
+    out = {name: pytester.path / name for name in ("s.md", "r.json", "page.html", "cov.md")}
+    run_matrix(fake_matrix(), *(f"--simplefsdp-{o}={out[n]}" for o, n in
+                                (("status-md", "s.md"), ("json", "r.json"), ("html", "page.html"))))
+    before = {n: p.read_bytes() for n, p in out.items() if p.exists()}
+    assert set(before) == {"s.md", "r.json", "page.html"}
+    runs = sorted((pytester.path / "runs").rglob("*"))
+    pytester.makeini(f"[pytest]\nsimplefsdp_status_md = {out['s.md']}\nsimplefsdp_json = {out['r.json']}\n")
+    for extra in (["--co"], ["--simplefsdp-dry-run"], ["--simplefsdp-plan"]):
+        result = run_matrix(fake_matrix(), *extra, f"--simplefsdp-html={out['page.html']}",
+                            f"--simplefsdp-coverage={out['cov.md']}")
+        assert result.ret in (0, 5), result.stdout.str()[-2000:]
+        assert {n: p.read_bytes() for n, p in out.items() if p.exists()} == before, extra
+        assert sorted((pytester.path / "runs").rglob("*")) == runs, extra  # no stored run touched
+
+
+@pytest.mark.parametrize("held", ["", "[]\n", "# only a comment\n", "# header\n[]  # none yet\n", KF],
+                         ids=["empty", "empty-list", "comment-only", "comment-and-list", "entries"])
+def test_the_update_command_leaves_a_file_the_next_run_accepts(run_matrix, pytester, held):
+    kf = pytester.path / "kf.yaml"
+    kf.write_text(held)
+    modes = ["pass", "fail", "exit3"]
+    run_matrix(fake_matrix(modes=modes), f"--simplefsdp-known-failures={kf}",
+               "--simplefsdp-update-known-failures").stdout.fnmatch_lines(["*added fake-exit3-r2 (link: 'TODO: *"])
+    new = kf.read_text()
+    for line in held.splitlines():
+        if line.startswith("#"):
+            assert line in new  # comments stay
+    assert "- id: fake-exit3-r2" in new and not list(pytester.path.glob(".kf.yaml.*"))  # no temporary file left
+    again = run_matrix(fake_matrix(modes=modes), f"--simplefsdp-known-failures={kf}")
+    again.assert_outcomes(passed=1, xfailed=2)
+    again.stdout.fnmatch_lines(["*known-failure entries have no link yet (TODO*fake-exit3-r2*"])
+    assert "XPASS" not in again.stdout.str()
+
+
+def test_the_update_never_replaces_the_file_with_one_that_would_not_load(tmp_path):
+    from pytest_simplefsdp.judge.known import load_known_failures
+    from pytest_simplefsdp.judge.results import CellResult
+    from pytest_simplefsdp.judge.update import update_file
+    from pytest_simplefsdp.yamlio import MatrixError
+
+    kf = tmp_path / "kf.yaml"
+    kf.write_text(KF)
+    result = CellResult("c", {"mode": "x"}, status="failed", failure_class="runtime", error_line="boom",
+                        signature="boom")
+    with pytest.raises(MatrixError):  # the check refuses the new text: the old file stays byte for byte
+        update_file(kf, [("fake", result)], set(), "2026-12-03",
+                    check=lambda p: load_known_failures(p, {"no-such-axis"}))
+    assert kf.read_text() == KF and not list(tmp_path.glob(".kf.yaml.*"))
+
+
+def test_a_known_flaky_cell_that_flips_is_a_flip_never_newly_broken_or_fixed():
+    from pytest_simplefsdp.report.compare import compare_runs
+
+    meta = {"profile": "p"}
+    def run(status, cls):
+        return {"runs": [{"meta": meta, "cells": [{"id": "c", "status": status, "failure_class": cls, "flaky": True,
+                                                   "known_failure": "f", "signature": "boom"}]}]}
+    assert compare_runs(run("passed", None), run("xfailed", "crash")) == {"p::c": "flaky flip"}
+    assert compare_runs(run("xfailed", "crash"), run("passed", None)) == {"p::c": "flaky flip"}
+
+
+def test_the_report_tool_judges_with_the_runs_own_file_says_so_and_gates(run_matrix, pytester):
+    kf = pytester.path / "mine.yaml"
+    kf.write_text(KF)
+    js = pytester.path / "run.json"
+    run_matrix(fake_matrix(modes=["pass", "fail", "exit3"]), f"--simplefsdp-known-failures={kf}",
+               f"--simplefsdp-json={js}")
+    assert run_doc(js)["meta"]["known_failures"]["path"] == str(kf.resolve())
+    proc = report_tool(js)
+    assert proc.returncode == 0 and f"re-judged against {kf.resolve()}, the file that judged the run" in proc.stderr
+    assert "xfail" in proc.stdout  # fail-r2 stays a known failure: not re-judged against the shipped file
+    gate = report_tool(js, "--gate")
+    assert gate.returncode == 1 and "gate: 1 cells fail: exit3-r2" in gate.stderr
+    kf.write_text(KF + "# changed\n")
+    assert "(changed since: it no longer has the bytes that judged the run)" in report_tool(js).stderr
+
+
+HOSTILE = "RuntimeError: <script>alert(1)</script> | <img src=x onerror=alert(2)> **bold** [x](javascript:alert(3)) `tick`"
+
+
+def test_text_from_a_rank_is_data_in_markdown_page_and_junit(run_matrix, pytester):
+    md, html, xml = pytester.path / "s.md", pytester.path / "page.html", pytester.path / "junit.xml"
+    run_matrix(fake_matrix(modes=["fail"], args=', "--error", %s' % json.dumps(HOSTILE)),
+               f"--simplefsdp-status-md={md}", f"--simplefsdp-html={html}", f"--junitxml={xml}")
+    status = md.read_text()
+    assert f"`` {HOSTILE} ``" in status  # a code span (a fence longer than the backtick inside): shown, not rendered
+    page = html.read_text()
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img src=x" not in page
+    props = {p.get("name"): p.get("value") for p in ET.parse(xml).iter("property")}
+    assert props["error_line"] == HOSTILE  # plain text in an attribute, escaped by junit-xml
+
+
+def test_which_combination_fails_on_a_grid_where_the_answer_is_known():
+    """Cells fail exactly where pp=2 and compile=aot_fx_trace (any model): that pair, nothing more, nothing less."""
+    from pytest_simplefsdp.report.combos import failing_combinations
+
+    cells = []
+    for model in ("llama3", "deepseek_v3"):
+        for pp in (1, 2):
+            for compile_ in ("eager", "aot_fx_trace", "jit"):
+                bad = pp == 2 and compile_ == "aot_fx_trace"
+                cells.append({"id": f"{model}-{pp}-{compile_}", "axes": {"model": model, "pp": pp, "compile": compile_},
+                              "status": "failed" if bad else "passed", "failure_class": "compile" if bad else None,
+                              "signature": "dynamic shapes: Eq(uN + uN, N)" if bad else ""})
+    found = failing_combinations({"cells": cells})
+    assert len(found) == 1 and found[0].label() == "pp=2 + compile=aot_fx_trace" and found[0].separated
+    assert sorted(found[0].cells) == ["deepseek_v3-2-aot_fx_trace", "llama3-2-aot_fx_trace"]
+    alone = failing_combinations({"cells": [c for c in cells if c["status"] == "failed"]})
+    assert not alone[0].separated  # no passing neighbour ran: only what they share, said so
+
+
+def test_options_only_a_matrix_run_reads_are_refused_without_it(pytester):
+    pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("--simplefsdp-json=x.json", "--simplefsdp-matrix-file=m.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--simplefsdp-matrix-file, --simplefsdp-json: only a matrix run reads these options;"
+                                 " add --simplefsdp-matrix*"])
+    help_ = pytester.runpytest_subprocess("--help").stdout.str()
+    assert "--simplefsdp-json=PATH" in help_ and "--simplefsdp-timeout=SECONDS" in help_ and "SIMPLEFSDP_JSON" not in help_
+    for profile in ("cpu", "h100x8", "h100x4", "titan02-cpu", "titan02-h100x8", "titan02-h100x4", "upstream"):
+        assert profile in help_
+
+
+def test_a_bare_compare_takes_the_newest_stored_run_of_the_profile_and_names_it(run_matrix, pytester):
+    first = pytester.path / ".simplefsdp" / "runs"
+    run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-artifacts={first / '20260101-000000'}")
+    result = run_matrix(fake_matrix(modes=["pass", "fail"]), "--simplefsdp-compare",
+                        f"--simplefsdp-artifacts={first / '20260101-000100'}")
+    result.stdout.fnmatch_lines([f"*simplefsdp: changes since {first / '20260101-000000' / 'results.jsonl'}*",
+                                 "no cell changed"])
+
+
+def test_the_running_cells_line_says_how_long_it_has_run_against_its_expected_time(run_matrix, pytester):
+    """Not a TTY (as here): a plain line while the cell runs (every minute; a second here), then its outcome."""
+    pytester.makeconftest("from pytest_simplefsdp.session import controller\ncontroller.Ticker.PLAIN_S = 1.0\n")
+    result = run_matrix(fake_matrix(args=', "--startup", "3"'))
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["    fake.yaml::pass-r2: running *s of ~*s expected",
+                                 "fake.yaml::pass-r2 PASSED *"])
+
+
+@pytest.fixture
+def browser():
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if found is None:
+        pytest.skip("no headless browser (Debian: apt-get install chromium; .ci/run installs it)")
+    return found
+
+
+def headless(browser, tmp_path, *args):
+    return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                           *args], capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+
+
+def test_the_page_puts_failures_first_in_a_real_browser(run_matrix, pytester, browser, tmp_path):
+    """A run with a new failure, a known failure and passes, written as one self-contained page: Chromium renders
+    it (a screenshot in the test's folder), the DOM has the failures first, grouped, each with its error line,
+    rank, entry and log; the n/a cell's rule is its title; the filter (#only=failed) hides the passing cells."""
+    kf = pytester.path / "kf.yaml"
+    kf.write_text(KF)
+    page = pytester.path / "page.html"
+    text = fake_matrix(modes=["pass", "fail", "exit3"], extra=textwrap.dedent("""\
+        rules:
+          - {name: no-exit3-on-4, drop_if: "mode == 'exit3' and ranks == 4", reason: exit3 runs on 2 ranks only}
+        """)).replace("ranks: [2]", "ranks: [2, 4]").replace("world_sizes: [2]", "world_sizes: [2, 4]")
+    run_matrix(text, f"--simplefsdp-known-failures={kf}", f"--simplefsdp-html={page}")
+    shot = pytester.path / "page.png"
+    assert headless(browser, tmp_path, f"--screenshot={shot}", "--window-size=1280,900", page.as_uri()).returncode == 0
+    assert shot.stat().st_size > 10_000
+    dom = headless(browser, tmp_path, "--dump-dom", page.as_uri()).stdout
+    assert dom.index("id=\"failures\"") < dom.index("Status by feature") < dom.index("id=\"cells\"")
+    new = dom[dom.index("id=\"failures-new\""):]
+    assert "fake::exit3-r2" in new and "fake::exit3-r4" not in dom.split("id=\"failures-known\"")[0]
+    known = dom[dom.index("id=\"failures-known\""):]
+    assert "fake-known" in known and "https://github.com/pytorch/torchtitan/pull/1529" in known
+    assert 'title="n/a: rule no-exit3-on-4: exit3 runs on 2 ranks only"' in dom
+    filtered = headless(browser, tmp_path, "--dump-dom", page.as_uri() + "#only=failed").stdout
+    passed_detail = filtered[filtered.index('id="cell-pass-r2"'):].split(">", 1)[0]
+    assert "hidden" in passed_detail  # the passing cell's details are hidden by the filter
+    failed_detail = filtered[filtered.index('id="cell-exit3-r2"'):].split(">", 1)[0]
+    assert "hidden" not in failed_detail

@@ -1,0 +1,48 @@
+"""The session always finishes its report: a fork server that ends while cells run is noticed when it happens and
+named in the summary (its exit and last stderr line), the cell it was running says so, later cells get a new
+server, and the table, the JSON and the summary are all written; closing launchers tolerates what is already gone."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import cells_of, marked, module_matrix
+
+pytestmark = pytest.mark.fake
+
+
+def test_a_fork_server_killed_mid_run_is_named_and_the_report_is_whole(pytester):
+    matrix = pytester.path / "fake.yaml"
+    matrix.write_text(module_matrix(["pass", "perturb", "fail"], args=', "--startup", "4"', timeout=60))
+    out = pytester.path / "run.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
+                             "--simplefsdp-launcher=fork", f"--simplefsdp-json={out}", "--simplefsdp-confirm=1",
+                             f"--simplefsdp-artifacts={pytester.path / 'runs'}", "-p", "no:cacheprovider"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the second cell's ranks are up: kill the server under them
+            if (pytester.path / "runs" / "fake" / "perturb-r2" / "rank1.log").exists() and marked("forkserver:"):
+                break
+            time.sleep(0.1)
+        servers = marked("forkserver:")
+        assert servers, "no fork server ran"
+        for server in servers:
+            server.send_signal(signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in stdout and "INTERNALERROR" not in stdout, stdout[-3000:]
+    assert "simplefsdp: launcher incidents" in stdout, stdout[-3000:]
+    assert "killed by SIGKILL" in stdout and "fork server pid" in stdout
+    assert "simplefsdp composability" in stdout and "short test summary info" in stdout  # the table and summary
+    cells = cells_of(out)
+    assert set(cells) == {"pass-r2", "perturb-r2", "fail-r2"}  # every cell recorded, the JSON written
+    perturb = cells["perturb-r2"]
+    assert perturb["failure_class"] == "crash" and any("fork server pid" in d for d in perturb["details"]), perturb
+    assert cells["fail-r2"]["failure_class"] == "runtime"  # a new server ran the cell after it
+    assert not marked("forkserver:")
