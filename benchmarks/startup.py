@@ -81,11 +81,18 @@ def main():
         old = tmp / "before"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(old), a.before],
                        check=True, capture_output=True)
+        init = old / "pytest_simplefsdp" / "__init__.py"
+        if not init.exists():  # older revisions were a namespace package, which this checkout's regular one (on
+            init.write_text("")  # the path through the editable install) would shadow even behind PYTHONPATH
         try:
             folder = tmp / "project"  # a folder that is not this checkout, as a user's would be
             folder.mkdir()
             results = {}
             for label, path in ((f"before ({a.before})", old), ("now", None)):
+                check = subprocess.run([sys.executable, "-c", "import pytest_simplefsdp; print(pytest_simplefsdp.__path__[0])"],
+                                       capture_output=True, text=True, cwd=folder,
+                                       env=dict(os.environ, **({"PYTHONPATH": str(path)} if path else {})))
+                print(f"{label}: the plugin's code from {check.stdout.strip()}", flush=True)
                 (folder / "cache").mkdir(exist_ok=True)
                 timed([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:simplefsdp_slurm",
                        "--simplefsdp-matrix", "--co", "-q", f"--rootdir={folder}"], folder,

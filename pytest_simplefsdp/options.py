@@ -110,6 +110,11 @@ def output_dir(name, value):
     return p
 
 
+def output_page(name, value):
+    """A page: a folder for DIR/index.html, or one self-contained FILE.html."""
+    return output_file(name, value) if value and str(value).endswith(".html") else output_dir(name, value)
+
+
 def version_set(name, value):
     """A version set (versions.sets.parse), checked now; its label, or None where unset."""
     if value in (None, ""):
@@ -244,9 +249,11 @@ OPTIONS = [
     Option("status-md", "string", None, "write the status markdown (GitHub markdown: cells run of the valid ones, "
                                         "status by feature, one grid per profile and model, footnotes with the known "
                                         "failures' links) to this file", output_file, metavar="PATH"),
-    Option("html", "string", None, "write the run as a static HTML page into this folder (index.html): failures "
-                                   "first, the status by feature, the grids, each cell's details and logs; also: "
-                                   "python -m pytest_simplefsdp.report RUN --html DIR", output_dir, metavar="DIR"),
+    Option("html", "string", None, "write the run as a static HTML page: DIR/index.html beside the run's logs, or "
+                                   "FILE.html, one self-contained file (its plots inlined). Failures first, filters "
+                                   "by status, the status by feature, the grids, each cell's details and logs; also: "
+                                   "python -m pytest_simplefsdp.report RUN --html DIR|FILE.html", output_page,
+           metavar="DIR|FILE.html"),
     Option("compare", "string", None, "a stored run (a --simplefsdp-json file or a run's results.jsonl) to compare "
                                       "this one with; bare: the newest stored run of the same profile under "
                                       ".simplefsdp/runs. Newly broken, newly fixed and changed-signature cells are "

@@ -30,8 +30,8 @@ def wheels(tmp_path, monkeypatch):
 
 
 def regression(extra_args="", **kw):
-    """The fake rank, failing from torch 2.14.0 on (rank 1, step 2), as `python -m` (the fork server's form)."""
-    return fake_matrix(args=f', "--breaks-from", "2.14.0"{extra_args}', **kw)
+    """The fake rank, failing from torch 2.15.0 on (rank 1, step 2): the torch pytest runs with (2.14.1) passes."""
+    return fake_matrix(args=f', "--breaks-from", "2.15.0"{extra_args}', **kw)
 
 
 def test_a_twin_run_tables_what_differs_and_names_the_versions_each_cell_ran(run_matrix, pytester, wheels):
@@ -42,7 +42,7 @@ def test_a_twin_run_tables_what_differs_and_names_the_versions_each_cell_ran(run
     assert set(cells) == {"pass-r2", "pass-r2-torch-2.15.0"}
     assert cells["pass-r2-torch-2.15.0"]["versions"]["torch"] == "2.15.0"
     assert cells["pass-r2"]["versions"]["torch"].startswith("2.14.1")  # the environment pytest runs in
-    assert cells["pass-r2-torch-2.15.0"]["error_line"] == "RuntimeError: fake regression: broken since torch 2.14.0"
+    assert cells["pass-r2-torch-2.15.0"]["error_line"] == "RuntimeError: fake regression: broken since torch 2.15.0"
     result.stdout.fnmatch_lines(["*simplefsdp twin: fake, twin run installed (*torch 2.14.1*) vs torch==2.15.0: "
                                  "1 cells on both; 0 behave the same (0 with bitwise equal losses); 1 differ*",
                                  "pass-r2 *passed*failed runtime*verdict; signature: RuntimeError: fake regression*"])
@@ -73,12 +73,11 @@ def test_the_matrix_key_versions_is_an_axis_and_a_known_failure_window_is_checke
 
 def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions(run_matrix, pytester, wheels):
     """torch 2.10.0 ... 2.15.0: 2.11.0 has no wheel (untestable), 2.12.0 fails with another error, 2.14.0 fails
-    every second run (flaky); the regression is there from 2.14.0. Every probe is confirmed by two runs. The window
+    every second run (flaky); the regression is there from 2.15.0. Every probe is confirmed by two runs. The window
     is (2.13.0, 2.15.0), written into the new entry by the update, with an issue body beside the run."""
     kf = pytester.path / "kf.yaml"
     kf.write_text("# our known failures\n[]\n")
-    text = regression(', "--other-at", "2.12.0", "--flaky-at", "2.14.0"').replace('"--breaks-from", "2.14.0"',
-                                                                                    '"--breaks-from", "2.15.0"')
+    text = regression(', "--other-at", "2.12.0", "--flaky-at", "2.14.0"')
     out = pytester.path / "run.json"
     result = run_matrix(text, "--simplefsdp-versions=torch==2.15.0", "--simplefsdp-bisect=torch", "--simplefsdp-confirm=2",
                         "--simplefsdp-bisect-versions=2.10.0,2.11.0,2.12.0,2.13.0,2.14.0,2.15.0",
@@ -105,7 +104,7 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
 
 
 def test_a_bisection_whose_ends_agree_says_so_and_searches_nothing(run_matrix, pytester, wheels):
-    text = regression().replace('"--breaks-from", "2.14.0"', '"--breaks-from", "2.0.0"')  # fails everywhere
+    text = regression().replace('"--breaks-from", "2.15.0"', '"--breaks-from", "2.0.0"')  # fails everywhere
     out = pytester.path / "run.json"
     result = run_matrix(text, "--simplefsdp-versions=torch==2.15.0", "--simplefsdp-bisect=torch",
                         "--simplefsdp-bisect-versions=2.10.0,2.12.0,2.13.0,2.15.0", f"--simplefsdp-json={out}")
@@ -139,6 +138,24 @@ def test_an_environment_that_cannot_be_built_fails_its_cells_as_infra_and_the_ot
     for cid in ("pass-r2-torch-2.11.0", "fail-r2-torch-2.11.0"):
         assert cells[cid]["failure_class"] == "infra", cells[cid]
         assert cells[cid]["error_line"].startswith("no environment for torch==2.11.0: torch==2.11.0: "), cells[cid]
+
+
+def test_an_environment_is_refused_before_it_is_built_when_the_disk_is_too_small(run_matrix, pytester, wheels):
+    """What one environment takes is what the largest kept one measured: more than the disk has free is refused
+    before uv starts, naming the space needed and free; the installed set's cells still run."""
+    kept = pytester.path / ".simplefsdp" / "envs" / "torch-9.0.0-000000000000"
+    kept.mkdir(parents=True)
+    (kept / "env.json").write_text(json.dumps({"set": "torch==9.0.0", "bytes": 2**60}))  # one exabyte
+    out = pytester.path / "run.json"
+    run_matrix(fake_matrix(), "--simplefsdp-versions=installed", "--simplefsdp-versions=torch==2.15.0",
+               f"--simplefsdp-json={out}")
+    cells = cells_of(out)
+    assert cells["pass-r2"]["status"] == "passed"
+    line = cells["pass-r2-torch-2.15.0"]["error_line"]
+    assert cells["pass-r2-torch-2.15.0"]["failure_class"] == "infra"
+    assert "refused to build the torch==2.15.0 environment: it needs about 1073741824.0 GiB and " in line, line
+    assert line.endswith(" GiB free"), line
+    assert not list(kept.parent.glob("torch-2.15.0-*"))
 
 
 def test_the_search_itself_on_a_fake_version_line():

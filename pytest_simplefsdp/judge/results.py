@@ -64,6 +64,7 @@ class CellResult:
     world: int = 0
     launcher: str = ""  # the launcher that ran it: torchrun, local, fork, slurm, or a plugin's
     versions: dict = field(default_factory=dict)  # package -> version it ran on (its version set's environment)
+    outside_range: list = field(default_factory=list)  # what of its version set the target does not support
     details: list = field(default_factory=list)  # extra lines for the failure report
     signature: str = ""  # normalised error signature (see verdict.signature)
     known_failure: str | None = None  # id of the known-failures entry that judged the cell

@@ -20,16 +20,19 @@ def _srun_words(name, value):
 
 OPTIONS = [
     Option("slurm-partition", "string", None, "slurm launcher: the partition the cells' steps run in "
-                                              "(srun --partition)"),
-    Option("slurm-account", "string", None, "slurm launcher: the account charged (srun --account)"),
+                                              "(srun --partition)", metavar="NAME"),
+    Option("slurm-account", "string", None, "slurm launcher: the account charged (srun --account)",
+           metavar="NAME"),
     Option("slurm-args", "string", None, "slurm launcher: more srun options, as one shell-quoted string "
-                                         "(e.g. \"--qos=high --cpus-per-task=16\")", _srun_words),
+                                         "(e.g. \"--qos=high --cpus-per-task=16\")", _srun_words,
+           metavar="ARGS"),
     Option("slurm-ranks-per-node", "string", None, "slurm launcher: most ranks one node runs; larger cells span "
                                                    "nodes (default: 8 for GPU profiles, one node for CPU profiles)",
-           whole),
+           whole, metavar="N"),
     Option("slurm-queue-timeout", "string", "3600", "slurm launcher: seconds a cell may wait in SLURM's queue "
                                                     "before it is withdrawn and reported as not scheduled (its "
-                                                    "--simplefsdp-timeout counts from the step's start)", positive),
+                                                    "--simplefsdp-timeout counts from the step's start)", positive,
+           metavar="SECONDS"),
 ]
 
 

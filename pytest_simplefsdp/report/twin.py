@@ -69,7 +69,8 @@ def rows(pairs, first, second) -> list[tuple]:
 
 
 def _verdict(rec):
-    return f"{rec['status']}" + (f" {rec['failure_class']}" if rec.get("failure_class") else "")
+    return (f"{rec['status']}" + (f" {rec['failure_class']}" if rec.get("failure_class") else "")
+            + f" {rec.get('wall', 0):.0f}s" + (" (outside the target's range)" if rec.get("outside_range") else ""))
 
 
 def summary(pairs, first, second) -> str:

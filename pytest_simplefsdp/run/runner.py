@@ -134,6 +134,9 @@ class CellRunner:
         result = self._launch(run, cell, spec, launcher)
         result.details.extend(steps)
         result.versions = self.ran_on(run, vset)
+        if not vset.installed:  # asked for by name: it runs, and says where it leaves the target's range
+            result.outside_range = run.target.outside_range(result.versions)
+            result.details.extend(result.outside_range)
         if result.failure_class == FailureClass.INFRA and "is already in use" in (result.error_line or ""):
             # another process took the free port between our check and the bind: once more, elsewhere
             taken = result.error_line

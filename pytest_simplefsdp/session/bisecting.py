@@ -94,13 +94,14 @@ class Bisector:
         """probe(version) -> Probe: the cell on that version, --simplefsdp-confirm runs, each judged."""
         def probe(version):
             vset = cell_set(cell.axes).with_pin(self.package, version)
-            runs = []
+            runs, outside = [], []
             for n in range(1, self.settings.confirm + 1):
                 again = dataclasses.replace(cell, id=f"{cell.id}/bisect-{vset.slug()}-{n}",
                                             axes={**cell.axes, "versions": vset.label()})
                 result = self.state.run_and_check(run, again)
                 runs.append((*outcome(result, wanted), result.wall))
-            return judge_runs(version, runs)
+                outside = outside or result.outside_range
+            return dataclasses.replace(judge_runs(version, runs), outside="; ".join(outside))
         return probe
 
     def run(self, records, selected) -> list[Found]:

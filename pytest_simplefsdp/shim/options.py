@@ -79,8 +79,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--module")
     parser.add_argument("--config")
+    parser.add_argument("--many", help="a JSON list of [module, config] pairs: one table each, in one process "
+                                       "(torch and torchtitan imported once)")
     args = parser.parse_args(argv)
-    print(json.dumps(walk(load_config(args.module, args.config))))
+    if args.many:
+        print(json.dumps([walk(load_config(m, c)) for m, c in json.loads(args.many)]))
+    else:
+        print(json.dumps(walk(load_config(args.module, args.config))))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,19 @@ class Target:
     def bind(self, cells):
         pass
 
+    def outside_range(self, versions: dict) -> list[str]:
+        """What of a version set lies outside this target's supported range (a twin run or a bisection asked for
+        it by name: it runs, and its reports say so)."""
+        out = []
+        for package, spec in self.SUPPORTS.items():
+            ran = str(versions.get(package) or "").split("+")[0]
+            try:
+                if ran and not SpecifierSet(spec, prereleases=True).contains(Version(ran)):
+                    out.append(f"{package} {ran} is outside target {self.name}'s range {spec}")
+            except InvalidVersion:
+                pass  # a commit: no range to hold it to
+        return out
+
     def prepare(self):
         pass
 
@@ -215,10 +228,9 @@ class TorchtitanTarget(Target):
         cell's flags once, so a value it cannot express fails here, naming the axis and the option."""
         version = installed("torchtitan")
         env = shim_env(self.matrix.device, self.name)
-        for key in sorted(self.job_configs(cells), key=str):
-            module, config = key
-            label = f"{module}.{config}" if module else "JobConfig"
-            self.options[key] = read_options(module, config, env, f"torchtitan {version} ({label})")
+        keys = sorted(self.job_configs(cells), key=str)
+        origins = {(m, c): f"torchtitan {version} ({f'{m}.{c}' if m else 'JobConfig'})" for m, c in keys}
+        self.options.update(read_options(keys, env, origins))
         for cell in cells:
             try:
                 self.spell(cell.axes, self.flags(cell, Path("dump"), Path("seed")))

@@ -125,23 +125,33 @@ def _cache_key(python, module, config, env):
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def read_options(module, config, env: dict, origin: str) -> Options:
-    """The installed torchtitan's options for one config, cached by what they depend on."""
+def read_options(pairs, env: dict, origins: dict) -> dict:
+    """The installed torchtitan's options for each (module, config) pair: {pair: Options}, each cached by what it
+    depends on; the ones not cached are read in one subprocess (it imports torch and torchtitan once)."""
     # the ranks' path (the target's folders, then the user's: see launch) and this package for the probe
     path = [p for p in (env.get("PYTHONPATH", ""), os.environ.get("PYTHONPATH", "")) if p]
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
-    key = _cache_key(sys.executable, module, config, full_env)
-    cached = cache_root() / "options" / f"{key}.json"
-    if cached.exists():
-        return Options(json.loads(cached.read_text()), origin)
-    argv = [sys.executable, "-m", "pytest_simplefsdp.shim.options"]
-    argv += [*(["--module", module] if module else []), *(["--config", config] if config else [])]
+    out, missing = {}, {}
+    for module, config in pairs:
+        cached = cache_root() / "options" / f"{_cache_key(sys.executable, module, config, full_env)}.json"
+        if cached.exists():
+            out[module, config] = Options(json.loads(cached.read_text()), origins[module, config])
+        else:
+            missing[module, config] = cached
+    if not missing:
+        return out
+    argv = [sys.executable, "-m", "pytest_simplefsdp.shim.options", "--many", json.dumps(list(missing))]
     full_env["PYTHONPATH"] = os.pathsep.join([*path, str(PACKAGE.parent)])
     proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=600)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"reading the options of {origin} failed: {tail[0]}")
-    names = json.loads(proc.stdout.strip().splitlines()[-1])
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(names))
-    return Options(names, origin)
+        which = ", ".join(origins[k] for k in missing)
+        raise RuntimeError(f"reading the options of {which} failed: {tail[0]}")
+    tables = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (key, cached), names in zip(missing.items(), tables):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        part = cached.with_suffix(f".{os.getpid()}.part")
+        part.write_text(json.dumps(names))
+        os.replace(part, cached)
+        out[key] = Options(names, origins[key])
+    return out

@@ -23,10 +23,11 @@ class Probe:
     line: str = ""  # what the outcome rests on: the error line, the installer's line
     walls: list = field(default_factory=list)  # seconds of each run
     runs: list = field(default_factory=list)  # each run's outcome (confirm runs)
+    outside: str = ""  # where the version leaves the target's supported range (bisected on purpose)
 
     def record(self):
         return {"version": self.version, "outcome": self.outcome, "signature": self.signature, "line": self.line,
-                "walls": self.walls, "runs": self.runs}
+                "walls": self.walls, "runs": self.runs, "outside_range": self.outside}
 
 
 @dataclass
@@ -103,5 +104,6 @@ def table(b: Bisection) -> list[tuple]:
     rows = []
     for p in sorted(b.probes, key=lambda p: order.get(p.version, -1)):
         runs = "/".join(p.runs) if len(set(p.runs)) > 1 else f"{len(p.runs)}x {p.outcome}" if p.runs else "-"
-        rows.append((p.version, p.outcome, runs, (p.signature or p.line)[:100], f"{sum(p.walls):.0f}s"))
+        version = p.version + (" (outside the target's range)" if p.outside else "")
+        rows.append((version, p.outcome, runs, (p.signature or p.line)[:100], f"{sum(p.walls):.0f}s"))
     return rows

@@ -111,8 +111,11 @@ class Environments:
         start = time.monotonic()
         env = {**os.environ, "VIRTUAL_ENV": str(folder)}
         env.pop("PYTHONPATH", None)
+        # UV_NO_INDEX (only wheels of UV_FIND_LINKS: offline, or nightlies in a folder): uv has the flag, not the
+        # variable, so it is passed on as the flag
+        only_links = ["--no-index"] if os.environ.get("UV_NO_INDEX", "").lower() not in ("", "0", "false") else []
         for argv in ([uv, "venv", "--quiet", "--python", sys.executable, str(folder)],
-                     [uv, "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
+                     [uv, "pip", "install", "--quiet", *only_links, "--python", str(folder / "bin" / "python"),
                       *self.requirements(vset, requires)]):
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT_S)

@@ -106,7 +106,7 @@ def available_versions(package) -> list[str]:
     for folder in filter(None, os.environ.get("UV_FIND_LINKS", "").replace(",", " ").split()):
         if Path(folder).is_dir():
             found |= set(wheel_versions(Path(folder), package))
-    if not os.environ.get("UV_NO_INDEX"):
+    if os.environ.get("UV_NO_INDEX", "").lower() in ("", "0", "false"):
         index = os.environ.get("UV_DEFAULT_INDEX") or os.environ.get("UV_INDEX_URL") or "https://pypi.org/simple"
         found |= set(index_versions(package, index))
     return sorted(found, key=order)
