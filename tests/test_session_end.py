@@ -46,3 +46,40 @@ def test_a_fork_server_killed_mid_run_is_named_and_the_report_is_whole(pytester)
     assert perturb["failure_class"] == "crash" and any("fork server pid" in d for d in perturb["details"]), perturb
     assert cells["fail-r2"]["failure_class"] == "runtime"  # a new server ran the cell after it
     assert not marked("forkserver:")
+
+
+BROKEN_TARGET = '''
+from pytest_simplefsdp.targets import CommandTarget
+
+
+class Broken(CommandTarget):
+    """A target with a bug of its own: its command cannot be built for one mode."""
+
+    def command(self, cell, dump_folder, **kw):
+        if cell.axes["mode"] == "fail":
+            raise ValueError("a bug in the harness, not in the cell")
+        return super().command(cell, dump_folder, **kw)
+
+
+def pytest_simplefsdp_make_target(matrix, cache_dir):
+    if matrix.profile == "fake":
+        return Broken(matrix)
+'''
+
+
+def test_a_bug_of_the_plugin_on_one_cell_is_recorded_and_the_others_run(run_matrix, pytester):
+    """An exception inside the plugin while it runs a cell: pytest shows its traceback, the cell's record says so
+    (infra), the next cells run, and the table and JSON have every cell: no lost result."""
+    pytester.makeconftest(BROKEN_TARGET)
+    out = pytester.path / "run.json"
+    from helpers import fake_matrix
+
+    result = run_matrix(fake_matrix(modes=["pass", "fail", "nan"]), f"--simplefsdp-json={out}")
+    result.assert_outcomes(passed=1, failed=2)
+    cells = cells_of(out)
+    assert list(cells) == ["pass-r2", "fail-r2", "nan-r2"]
+    assert cells["fail-r2"]["failure_class"] == "infra"
+    assert cells["fail-r2"]["error_line"] == ("pytest-simplefsdp failed on this cell: ValueError: a bug in the harness, "
+                                              "not in the cell")
+    result.stdout.fnmatch_lines(["*ValueError: a bug in the harness, not in the cell*",
+                                 "*3 of 3 valid cells run (2 failed, 1 passed)*"])

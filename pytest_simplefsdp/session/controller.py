@@ -5,6 +5,7 @@ them to the reporter (reporting.py). What a session holds and how a cell runs is
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -130,7 +131,8 @@ class Controller:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report):
         """Records arrive with the test reports, from this process or from an xdist worker alike."""
-        if self.ticker is not None and self.ticker.nodeid == report.nodeid:
+        if self.ticker is not None and self.ticker.nodeid == report.nodeid and (
+                report.when != "setup" or not report.passed):  # (the cell runs in the call phase, after setup's report)
             self.ticker.stop()
             self.ticker = None
         if self.worker is None:
@@ -216,12 +218,16 @@ class Ticker:
 
     def _run(self):
         tty = self.tr.isatty and self.prefix is not None
+        capture = self.tr.config.pluginmanager.getplugin("capturemanager")
         while not self.done.wait(self.TTY_S if tty else self.PLAIN_S):
-            if tty:
-                self.tr.rewrite(f"{self.prefix}{self.text()}", erase=True)
-            else:
-                self.tr.write_line(f"    {self.nodeid}: {self.text()}")
-            self.tr.flush()
+            # the cell runs in the call phase, whose output pytest captures (the ranks write to their logs, not
+            # here): the line goes past the capture to the terminal
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                if tty:
+                    self.tr.rewrite(f"{self.prefix}{self.text()}", erase=True)
+                else:
+                    self.tr.write_line(f"    {self.nodeid}: {self.text()}")
+                self.tr.flush()
 
     def stop(self):
         self.done.set()

@@ -86,7 +86,11 @@ class CellItem(pytest.Item):
             self.user_properties.append(("known_failure", skip.id))
             pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
         start = time.monotonic()
-        result, verdict = state.run_judged(self.run, self.cell, packed=self.nodeid)
+        try:
+            result, verdict = state.run_judged(self.run, self.cell, packed=self.nodeid)
+        except Exception as e:  # a bug of ours: the cell's record says so, and pytest shows the traceback
+            state.record(self.run, state.internal_error(self.cell, e))
+            raise
         state.record(self.run, result)
         self.user_properties.append(("wall_s", round(time.monotonic() - start, 2)))
         if self.cell.mutant:
@@ -115,11 +119,18 @@ class CellItem(pytest.Item):
             return f"{r.id}: {r.verdict}\n  logs: {r.log_dir}\n  rerun: {r.reproducer}"
         if isinstance(excinfo.value, CellFailed):
             return failure_text(excinfo.value.result)
-        return super().repr_failure(excinfo)
+        # a bug of ours (the cell's record says so): its traceback without pytest's and pluggy's frames
+        own = excinfo.traceback.filter(lambda e: not any(p in str(e.path) for p in ("/_pytest/", "/pluggy/")))
+        if own:
+            excinfo.traceback = own
+        return super().repr_failure(excinfo, style="short")
 
     def reportinfo(self):
         line = self.cell.where.rpartition(":")[2]
-        return self.run.matrix.path, int(line) - 1 if line.isdigit() else None, self.cell.id
+        # pytest shows a node id that ends with this name with its dots as "::" (a Python domain's habit):
+        # `-torch-2.15.0` would read `-torch-2::15::0`; a name that does not end the id keeps the id as it is
+        name = self.cell.id + (" " if "." in self.cell.id else "")
+        return self.run.matrix.path, int(line) - 1 if line.isdigit() else None, name
 
 
 def failure_text(r):

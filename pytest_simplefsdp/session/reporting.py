@@ -172,8 +172,12 @@ class Reporter:
                                  and r["type"] == RecordType.CELL]}
                 for t in twins(doc, INSTALLED, twin):
                     if broken(t.a) is False and broken(t.b):  # passes on the installed versions, fails on the twin
-                        ran = {p: t.b.get("versions", {}).get(p) for p in ("torch", "torchtitan")}
-                        was = {p: t.a.get("versions", {}).get(p) for p in ("torch", "torchtitan")}
+                        def release(rec, p):  # 2.14.1+cu130 -> 2.14.1: a window names releases
+                            v = rec.get("versions", {}).get(p)
+                            return str(v).split("+")[0] if v else None
+
+                        ran = {p: release(t.b, p) for p in ("torch", "torchtitan")}
+                        was = {p: release(t.a, p) for p in ("torch", "torchtitan")}
                         changed = {p: v for p, v in ran.items() if v and v != was.get(p)}
                         if changed:
                             eid = t.b.get("known_failure") or f"{run.matrix.profile}-{t.b['id']}"

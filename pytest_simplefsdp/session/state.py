@@ -74,6 +74,13 @@ class MatrixSession:
                           known_failure=entry and entry.id, known_failure_link=entry and entry.link,
                           verdict=entry.reason if entry else reason)
 
+    @staticmethod
+    def internal_error(cell, error: BaseException):
+        """A cell the plugin itself failed on: recorded (never a lost result), then raised for its traceback."""
+        line = f"pytest-simplefsdp failed on this cell: {type(error).__name__}: {error}"
+        return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
+                          world=cell.world, error_line=line, error_text=line, mutant=cell.mutant)
+
     # --- running ------------------------------------------------------------------------------------
 
     def run_and_check(self, run, cell, devices=None) -> CellResult:

@@ -92,6 +92,7 @@ class Target:
     spelling = "as written in the matrix file"
     MUTANTS: tuple = ()  # judge.mutants.Mutant: the bugs the target can re-inject (--simplefsdp-mutants)
     REQUIRES: tuple = ()  # what a version set's environment installs for it beyond the set's pins
+    SUPPORTS: dict = {}  # package -> version range this target runs against (none: any)
 
     def __init__(self, matrix: Matrix):
         self.matrix = matrix
@@ -175,7 +176,6 @@ class TorchtitanTarget(Target):
 
     REQUIRES = ("torch", "torchtitan", "triton", "psutil")  # (torchtitan imports triton; SLURM's reaper needs psutil)
 
-    SUPPORTS: dict = {}  # package -> version range this target runs against
     AXES: dict = {}
     MODEL_KEYS: tuple = ()
     MODEL_OPTIONAL: tuple = ()
