@@ -1,7 +1,7 @@
 """The plugin's own hooks: a conftest or another plugin extends the matrix through them.
 
 Added with ``pytest_addhooks``, as pytest-xdist adds its ``newhooks``. The built-in targets and launchers
-are implementations too (``plugin.Builtins`` and the SLURM plugin ``launch.slurm``, both ``trylast``), so a
+are implementations too (``session.builtins.Builtins`` and the SLURM plugin ``launch.slurm_plugin``, both ``trylast``), so a
 conftest's is asked first:
 
     # conftest.py
@@ -26,11 +26,14 @@ import pytest
 
 
 class Target(Protocol):
-    """What a cell runs. Built in: targets.Titan03, Titan02, CommandTarget."""
+    """What a cell runs. Built in: targets.Titan03, Titan02, CommandTarget (on targets.base.Target, which
+    fills every member below; a plugin's target usually subclasses one of them)."""
 
     name: str
     spelling: str  # how flags were spelled, for the header
-    MUTANTS: tuple  # mutants.Mutant the target can re-inject
+    MUTANTS: tuple  # judge.mutants.Mutant the target can re-inject
+    REQUIRES: tuple  # what a version set's environment installs beyond its pins (titan03: torch, torchtitan, triton)
+    SUPPORTS: dict  # package -> the version range it runs against ({}: any); a set outside it is marked
 
     def check_installed(self) -> str | None: ...  # why it cannot run here, or None
     def bind(self, cells) -> None: ...  # last checks against what is installed
@@ -53,7 +56,9 @@ class Launcher(Protocol):
 
     def reproducer(self, spec) -> str: ...  # one shell line that reruns the cell alone
     def launch(self, spec): ...  # launch.LaunchSpec -> launch.LaunchOutcome
-    def close(self) -> None: ...  # end of session
+    def close(self) -> None: ...  # end of session: must not raise when what it started is already gone
+    # optional: def incidents(self) -> list[str]: what went wrong in the launcher itself during the run (a fork
+    # server that ended), named in the summary and the JSON; a launcher without it has none to report
 
 
 @pytest.hookspec(firstresult=True)

@@ -154,6 +154,15 @@ def test_the_default_cpu_launcher_matches_torchrun_on_real_cells_of_both_models(
     assert not marked("llama3-") and not marked("deepseek_v3-") and not marked("forkserver:")
 
 
+def test_a_real_cell_runs_as_a_slurm_step(pytester, slurm):
+    """The SLURM launcher's end-to-end path in CI: one real 2-rank cell as a job step of the local SLURM (the
+    comparison with torchrun, and a cell across two nodes, are the e2e test below)."""
+    cell = run_under(pytester, ("slurm",), "llama3-dp2-eager", cells=1)["slurm"]["llama3-dp2-eager"]
+    assert cell["launcher"] == "slurm" and sorted(cell["losses"]) == ["1", "2", "3"]
+    assert cell["losses"]["3"] < cell["losses"]["1"]
+    assert any(d.startswith("SLURM step ") for d in cell["details"]), cell["details"]
+
+
 @pytest.mark.e2e
 def test_slurm_launcher_matches_torchrun_on_real_cells(pytester, slurm):
     """Through the real single-node SLURM: a 2-rank cell on one node and a 4-rank cell on two nodes

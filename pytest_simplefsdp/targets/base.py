@@ -181,6 +181,8 @@ class TorchtitanTarget(Target):
     MODEL_OPTIONAL: tuple = ()
     DEGREE_FLAGS: dict = {}
     WRITTEN_AS = ""  # the torchtitan release whose option names the target writes
+    # where a generation keeps the run settings' options: seed, deterministic, the tokenizer, the dataset
+    RUN_OPTIONS = {"seed": "", "deterministic": "", "tokenizer": "", "dataset": ""}
 
     def __init__(self, matrix: Matrix, cache_dir: Path):
         super().__init__(matrix)
@@ -190,6 +192,19 @@ class TorchtitanTarget(Target):
         self.dataset, self.tokenizer = str(self.assets / "c4_test"), str(self.assets / "tokenizer")
         self.options = {}  # job config -> Options of the installed torchtitan (see bind)
 
+
+    def run_flags(self, steps, local_batch):
+        """Our run settings and where the assets are (steps and batch given: upstream runs and numerics set them),
+        in the generation's option names (RUN_OPTIONS)."""
+        s, name = self.matrix.settings, self.RUN_OPTIONS
+        return [
+            Flag("training.steps", steps, "setting steps"),
+            Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
+            Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
+            Flag(name["seed"], s.get("seed", 42), "setting seed"), Flag(name["deterministic"], True, "target"),
+            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
+            Flag(name["tokenizer"], self.tokenizer, "target"), Flag(name["dataset"], self.dataset, "target"),
+        ]
     def check(self):
         check_values(self.matrix, self.AXES)
         for model, facts in self.matrix.models.items():

@@ -22,6 +22,8 @@ class Titan02(TorchtitanTarget):
 
     name = "titan02"
     WRITTEN_AS = "0.2.0"
+    RUN_OPTIONS = {"seed": "training.seed", "deterministic": "training.deterministic",  # (0.3 moved these)
+                   "tokenizer": "model.hf_assets_path", "dataset": "training.dataset_path"}
     # torchtitan 0.2.0 (2025-10-18) was tested on the torch nightly of its day, which 2.9.x predates (its
     # code needs dynamo's DeviceMesh.mesh_dim_names, pytorch PR 164200): 2.10 is the nearest release
     SUPPORTS = {"torchtitan": ">=0.2.0,<0.3", "torch": ">=2.10,<2.11"}
@@ -74,18 +76,6 @@ class Titan02(TorchtitanTarget):
         if ac == "op":
             flags.append(Flag("activation_checkpoint.selective_ac_option", "op", "axis ac=op"))
         return merged(flags + ours + self.feature_flags(a, run))
-
-    def run_flags(self, steps, local_batch):
-        """Titan03.run_flags in 0.2's spelling (its seed and assets options sit in other sections)."""
-        s = self.matrix.settings
-        return [
-            Flag("training.steps", steps, "setting steps"),
-            Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
-            Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
-            Flag("training.seed", s.get("seed", 42), "setting seed"), Flag("training.deterministic", True, "target"),
-            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
-            Flag("model.hf_assets_path", self.tokenizer, "target"), Flag("training.dataset_path", self.dataset, "target"),
-        ]
 
     def command(self, cell, dump_folder: Path, run=0, **_):
         args = [*self.spell(cell.axes, self.flags(cell, dump_folder, run=run)),

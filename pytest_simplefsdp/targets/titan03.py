@@ -27,6 +27,8 @@ class Titan03(TorchtitanTarget):
 
     name = "titan03"
     WRITTEN_AS = "0.3.0"
+    RUN_OPTIONS = {"seed": "debug.seed", "deterministic": "debug.deterministic", "tokenizer": "hf_assets_path",
+                   "dataset": "dataloader.dataset_path"}
     MUTANTS = TITAN03_MUTANTS
     # the torch torchtitan 0.3.0 was released against (2.14) and what its development line moves to
     SUPPORTS = {"torchtitan": ">=0.3.0,<0.5", "torch": ">=2.14,<2.16"}
@@ -106,18 +108,6 @@ class Titan03(TorchtitanTarget):
         if axes.get("memory_policy", "none") != "none":
             flags.append(Flag("compile.memory_policy", axes["memory_policy"], f"axis memory_policy={axes['memory_policy']}"))
         return flags
-
-    def run_flags(self, steps, local_batch):
-        """Our run settings and where the assets are (steps and batch given: upstream runs and numerics set them)."""
-        s = self.matrix.settings
-        return [
-            Flag("training.steps", steps, "setting steps"),
-            Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
-            Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
-            Flag("debug.seed", s.get("seed", 42), "setting seed"), Flag("debug.deterministic", True, "target"),
-            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
-            Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
-        ]
 
     # what an upstream test's flags may not change here: where the assets and dump are, the CPU-sized shapes
     OURS = {"module", "config", "hf_assets_path", "dataloader.dataset_path", "dump_folder",
