@@ -67,6 +67,17 @@ KF = """\
 """  # a known-failures file for the fake target's `fail` mode
 
 
+KF_EQ = """\
+# a comment that survives updates
+- id: fake-eq
+  when: {mode: fail, ranks: ">1"}
+  error: 'Eq\\(uN \\+ uN, N\\)'
+  kind: xfail
+  link: https://github.com/pytorch/torchtitan/pull/1529
+  reason: unbacked symbol equality in EP token dispatch
+"""  # the EP token dispatch failure of the seed era, with a comment the update command must keep
+
+
 def report_tool(*args, cwd=None):
     """python -m pytest_simplefsdp.report, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", *map(str, args)],

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cells_of, marked
+from helpers import cells_of, marked, run_doc
 from pytest_simplefsdp.paths import MATRIX_DIR
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
@@ -35,7 +35,7 @@ def test_smoke_tier_runs_real_cells(pytester):
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(["*cpu.yaml::llama3-dp2-eager PASSED*", "*simplefsdp composability*",
                                  "llama3 dp2 * pass *s * pass *s*"])
-    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    cells = cells_of(out)
     assert set(cells) == {"llama3-dp2-eager", "llama3-dp2-aot_fx_trace-mp_default", "deepseek_v3-dp2-ep2-eager"}
     for cell in cells.values():
         assert sorted(cell["losses"]) == ["1", "2", "3"]
@@ -69,7 +69,7 @@ def test_failing_compile_cell_is_xfailed_with_its_trace_rendered(pytester):
     result.assert_outcomes(xfailed=1)
     result.stdout.fnmatch_lines(["*known failure graphpp-tp-backward-only-inputs "
                                  "(https://github.com/pytorch/torchtitan/issues/3780)*"])
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     assert cell["known_failure"] == "graphpp-tp-backward-only-inputs" and cell["failure_class"] == "compile"
     assert cell["error_line"].startswith("ValueError: Forward graph outputs require backward-only inputs")
     assert Path(cell["log_dir"], "torch_trace").is_dir()
@@ -120,7 +120,7 @@ def run_under(pytester, launchers, selection, *args, cells=2, docs=None):
                                                f"--simplefsdp-artifacts={pytester.path / launcher}", *args,
                                                timeout=900)
         result.assert_outcomes(passed=cells)
-        doc = json.loads(out.read_text())["runs"][0]
+        doc = run_doc(out)
         runs[launcher] = {c["id"]: c for c in doc["cells"]}
         if docs is not None:
             docs[launcher] = doc
@@ -183,7 +183,7 @@ def run_one_failing_cell(pytester, matrix):
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                                            timeout=900)
     result.assert_outcomes(failed=1)
-    return json.loads(out.read_text())["runs"][0]["cells"][0]
+    return run_doc(out)["cells"][0]
 
 
 @pytest.mark.e2e
@@ -268,7 +268,7 @@ def test_the_mutation_tier_kills_gradient_load_update_schedule_and_state_bugs(py
                                            timeout=1500)
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["*mutation tier: 6 of 6 mutant runs killed*"])
-    mutated = {m["mutant"]: m for m in json.loads(out.read_text())["runs"][0]["mutants"]}
+    mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
     assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
         "expert_grad_divide": ("killed", "grad_norm"), "expert_placement": ("killed", "init_checksum"),
         "lost_update": ("killed", "invariant (changed)"), "update_lost_from_step2": ("killed", "invariant (changed)"),
@@ -399,7 +399,7 @@ def test_a_checkpoint_resumes_on_another_layout_in_the_cells_second_run(pytester
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                                            timeout=900)
     result.assert_outcomes(passed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     second = next(d for d in cell["details"] if d.startswith("run 2 of 2 loaded the checkpoint"))
     assert second.startswith("run 2 of 2 loaded the checkpoint and trained steps 3-4 ")  # it resumed, not restarted
     assert second.endswith("/run2)") and sorted(cell["losses"]) == ["1", "2"]

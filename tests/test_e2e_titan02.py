@@ -1,9 +1,9 @@
 """End to end on the seed era: torchtitan 0.2 `experiments/simple_fsdp` cells on CPU ranks (tox -e titan02)."""
 
-import json
 from importlib import metadata
 
 import pytest
+from helpers import cells_of, run_doc
 
 pytest.importorskip("torchtitan", reason="torchtitan 0.2 is the seed-era system under test (tox -e titan02)")
 if not metadata.version("torchtitan").startswith("0.2."):
@@ -20,7 +20,7 @@ def test_seed_failure_hop_side_effect_is_xfailed_and_its_eager_twin_passes(pytes
     result.stdout.fnmatch_lines(["*simplefsdp: titan02-cpu.yaml profile=titan02-cpu target=titan02*",
                                  "*known failure seed-ep-ac-compile-hop-side-effect "
                                  "(https://github.com/pytorch/torchtitan/issues/1935)*"])
-    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    cells = cells_of(out)
     hop = cells["deepseek_v3-dp2-ep2-compiled-ac_selective"]
     # the seed's own wording, on the seed era's torch (2.10.0)
     assert hop["failure_class"] == "compile" and hop["error_line"] == (
@@ -38,7 +38,7 @@ def test_pp_runs_over_gloo(pytester):
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                                            timeout=900)
     result.assert_outcomes(passed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     assert sorted(cell["losses"]) == ["1", "2", "3"] and cell["losses"]["3"] < cell["losses"]["1"]
     # the default launcher (auto: fork on CPU) does not fork 0.2, whose config manager binds sys.argv at import
     assert cell["launcher"] == "local" and any("ConfigManager.parse_args binds sys.argv" in d for d in cell["details"])

@@ -1,6 +1,7 @@
 """Evidence that a cell's label took effect, read from what the run left behind (here: compile traces)."""
 
 import json
+from helpers import cells_of
 
 from pytest_simplefsdp.judge.evidence import inductor_codegen
 
@@ -63,7 +64,7 @@ def test_a_command_target_that_ignores_its_tp_flag_fails_as_invalid_config(run_m
     out = pytester.path / "run.json"
     result = run_matrix(text, f"--simplefsdp-json={out}")
     result.assert_outcomes(passed=1, failed=1)
-    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    cells = cells_of(out)
     honest, liar = cells["pass-r2-2"], cells["ignoretp-r2-2"]
     assert honest["evidence"] == [{"axis": "tp=2", "expected": "mesh.tp = 2 on every rank", "seen": "2 on ranks 0, 1",
                                    "ok": True}]

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from helpers import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours
+from helpers import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours, run_doc
 from pytest_simplefsdp.launch import procs as launch
 from pytest_simplefsdp.launch.procs import MARKER, kill_procs, session_leftovers
 from pytest_simplefsdp.launch.spec import LaunchSpec
@@ -30,7 +30,7 @@ def test_output_flood_is_capped(run_matrix, pytester, launcher):
     result.stdout.fnmatch_lines(["*flood-r2: [[]runtime[]] log output passed the limit of 8 MB; the cell was "
                                  "stopped and its logs were cut (ranks that wrote past it: 1)*",
                                  "  first failing rank: 1*"])
-    assert json.loads(out.read_text())["runs"][0]["cells"][0]["failing_rank"] == 1
+    assert run_doc(out)["cells"][0]["failing_rank"] == 1
     logs = list((pytester.path / "runs" / "fake" / "flood-r2").rglob("*.log"))
     assert sum(p.stat().st_size for p in logs) < 16 * 2**20
     assert any(p.read_bytes().endswith(b"passed the log limit\n") for p in logs)
@@ -143,7 +143,7 @@ def test_the_first_failure_is_the_cause_when_a_peer_ignores_sigterm(run_matrix, 
     result = run_matrix(text, f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*failignore-r3: [[]runtime[]] RuntimeError: fake failure on purpose*"])
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     assert cell["failing_rank"] == 0 and cell["failure_class"] == "runtime"
     assert not any("still running at the timeout" in d for d in cell["details"]), cell["details"]
     assert not marked("failignore-r3")
@@ -157,7 +157,7 @@ def test_a_hang_says_which_ranks_left_no_stack(run_matrix, pytester, launcher, r
     text = fake_matrix(modes=["usr1ignore"], ranks=[2], args=', "--rank", "1"', timeout=5 if launcher == "local" else 30)
     result = run_matrix(as_module(text) if launcher == "fork" else text, f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     assert cell["failure_class"] == "hang" and cell["stuck_ranks"] == [0, 1]
     assert "Python stacks (SIGUSR1, faulthandler) are in the logs of ranks [0]; ranks [1] left none" in " ".join(
         cell["details"])

@@ -1,9 +1,8 @@
 """Features (matrix key `features`): flags a cell adds beyond its axes, and later runs of the same cell that
 resume its checkpoint; each later run must pass and must show it loaded the checkpoint."""
 
-import json
 
-from helpers import fake_matrix, marked
+from helpers import cells_of, fake_matrix, marked
 
 FEATURES = """\
 features:
@@ -23,7 +22,7 @@ def test_later_runs_resume_and_a_resume_that_loads_nothing_fails(run_matrix, pyt
     out = pytester.path / "run.json"
     result = run_matrix(text, f"--simplefsdp-json={out}")
     result.assert_outcomes(passed=3, failed=2)
-    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    cells = cells_of(out)
     resumed = cells["pass-r2-resume"]
     assert resumed["status"] == "passed" and sorted(resumed["losses"]) == ["1", "2", "3"]
     assert any(d.startswith("run 2 of 2 loaded the checkpoint and trained steps 4-6 (logs: ") and d.endswith("/run2)")
@@ -69,7 +68,7 @@ ids:
                                  "  first, the precompile step ?1 process?: *-c *precompile_artifact/model.bin good*"])
     result = run_matrix(text, f"--simplefsdp-json={out}")
     result.assert_outcomes(passed=1, failed=3)
-    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    cells = cells_of(out)
     good = cells["pass-r2-precompile-good"]
     assert good["status"] == "passed" and any(d.startswith("the precompile step passed first") for d in good["details"])
     folder = pytester.path / "runs" / "fake" / "pass-r2-precompile-good"

@@ -1,11 +1,10 @@
 """The fork launcher: same verdicts and losses as the other launchers, no orphans, fallback."""
 
-import json
 import sys
 
 import pytest
 
-from helpers import FAKE_RANK, cells_of, fake_matrix, launcher_ready, marked, module_matrix
+from helpers import FAKE_RANK, cells_of, fake_matrix, launcher_ready, marked, module_matrix, run_doc
 from pytest_simplefsdp.launch.fork import _ForkServer
 from pytest_simplefsdp.targets import RankCommand
 
@@ -72,7 +71,7 @@ def test_a_rank_that_closes_its_output_and_raises_fails(run_matrix, pytester, la
     out = pytester.path / "run.json"
     result = run_matrix(module_matrix(["closeraise"]), f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     assert (cell["failure_class"], cell["failing_rank"]) == ("runtime", 1), cell
     assert cell["exit_codes"]["1"] == 1
     if launcher == "fork":  # the server keeps fd 2, so the traceback still reaches the rank log
@@ -92,7 +91,7 @@ def test_a_module_without_a_main_guard_runs_in_its_ranks_not_in_the_server(run_m
     out = pytester.path / "run.json"
     result = run_matrix(text, f"--simplefsdp-json={out}", launcher="fork")
     result.assert_outcomes(passed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     assert cell["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
     assert not any("local launcher" in d for d in cell["details"])  # it really forked
     logs = [open(p).read() for paths in cell["rank_logs"].values() for p in paths]
@@ -145,7 +144,7 @@ def test_a_server_whose_imports_block_fails_the_cell_at_its_timeout(run_matrix, 
     out = pytester.path / "run.json"
     result = run_matrix(text, f"--simplefsdp-json={out}", launcher="fork")
     result.assert_outcomes(failed=1)
-    cell = json.loads(out.read_text())["runs"][0]["cells"][0]
+    cell = run_doc(out)["cells"][0]
     assert cell["failure_class"] == "infra", cell
     assert "fork server did not start (preloading blocked_rank): still importing after 5 s" in cell["error_line"]
     assert not marked("forkserver:")

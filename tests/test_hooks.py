@@ -3,7 +3,7 @@ changed after expansion, every record seen, and one more report format."""
 
 import json
 
-from helpers import FAKE_RANK
+from helpers import FAKE_RANK, run_doc
 
 CONFTEST = '''
 import json
@@ -89,7 +89,7 @@ def test_a_conftest_adds_a_target_a_launcher_and_sees_every_result(pytester):
     assert (pytester.path / "launched.txt").read_text() == "pass nan nan/confirm2"
     assert (pytester.path / "records.txt").read_text().splitlines() == ["cell pass passed", "cell nan failed"]
     assert json.loads((pytester.path / "custom.txt").read_text()) == ["pass", "nan"]
-    dropped = json.loads(out.read_text())["runs"][0]["dropped"]
+    dropped = run_doc(out)["dropped"]
     assert [(d["id"], d["rule"], d["reason"]) for d in dropped] == [("fail", "conftest", "the conftest says no")]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import KF, fake_matrix, report_tool
+from helpers import KF, fake_matrix, report_tool, run_doc
 from pytest_simplefsdp.report import compare as report
 from pytest_simplefsdp.judge.known import signature
 
@@ -158,7 +158,7 @@ def test_compare_matches_cells_across_rootdirs_and_in_gate_mode(run_matrix, pyte
     result = run_matrix(text, f"--simplefsdp-compare={old}", f"--simplefsdp-status-md={md}", "--simplefsdp-gate",
                         f"--simplefsdp-known-failures={kf}", f"--simplefsdp-json={new}", f"--rootdir={pytester.path / 'sub'}",
                         name="sub/fake.yaml")
-    assert json.loads(new.read_text())["runs"][0]["meta"]["matrix"] == "fake.yaml"
+    assert run_doc(new)["meta"]["matrix"] == "fake.yaml"
     result.stdout.fnmatch_lines(["*simplefsdp: changes since*", "newly fixed: fake::pass-r2"])
     assert "changed signature" not in result.stdout.str()
     status = md.read_text()
@@ -215,7 +215,7 @@ def test_an_ini_pytest_timeout_leaves_cells_to_their_supervisor(run_matrix, pyte
     result = run_matrix(fake_matrix(args=', "--startup", "3"'), f"--simplefsdp-json={js}")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["simplefsdp: the ini timeout (1 s, pytest-timeout) does not apply to cells*"])
-    assert json.loads(js.read_text())["runs"][0]["cells"][0]["wall"] >= 3
+    assert run_doc(js)["cells"][0]["wall"] >= 3
 
 
 def test_a_gpu_profile_is_collected_on_a_cpu_host_and_its_cells_skipped(pytester, monkeypatch):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from helpers import fake_matrix
+from helpers import fake_matrix, run_doc
 from pytest_simplefsdp.spec.matrix import Lane
 from pytest_simplefsdp.judge.numerics import compare_params, param_line, read_param_stats
 
@@ -35,7 +35,7 @@ def test_each_mutant_verdict_and_the_check_that_killed_it(run_matrix, pytester):
         "*pass-r2[[]mutant-idle[]]: mutant idle did not act in this run*",
         "*profile fake, target command, launcher local): mutation tier: 2 of 4 mutant runs killed*",
     ])
-    run = json.loads(out.read_text())["runs"][0]
+    run = run_doc(out)
     assert run["cells"] == []  # the tier runs mutants, not the plain cells
     got = {m["mutant"]: (m["mutation"], m["killed_by"]) for m in run["mutants"]}
     assert got == {"loss_shift": ("killed", "loss"), "crash": ("killed", "exit (runtime)"),
@@ -51,7 +51,7 @@ def test_without_the_option_no_mutant_runs(run_matrix, pytester):
     out = pytester.path / "run.json"
     result = run_matrix(mutant_matrix(["loss_shift"]), f"--simplefsdp-json={out}")
     result.assert_outcomes(passed=1)
-    assert "mutants" not in json.loads(out.read_text())["runs"][0]
+    assert "mutants" not in run_doc(out)
 
 
 def test_an_unknown_mutant_is_a_usage_error(run_matrix):

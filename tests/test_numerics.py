@@ -1,11 +1,10 @@
 """Numerics: every cell's losses against its baseline; the check can fail."""
 
 import importlib.util
-import json
 
 import pytest
 
-from helpers import NUMERICS, fake_matrix
+from helpers import NUMERICS, cells_of, fake_matrix
 from pytest_simplefsdp.spec.matrix import Lane
 from pytest_simplefsdp.judge.numerics import compare
 
@@ -20,7 +19,7 @@ def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, py
         "(|diff| 0.002; lane close: rtol 1e-05, atol 1e-05, 2 step(s) off)*",
         "*pass-r2 vs pass-r2: lane exact, max |diff| 0,*",
     ])
-    cells = {c["id"]: c for c in json.loads(out.read_text())["runs"][0]["cells"]}
+    cells = cells_of(out)
     bad = cells["perturb-r2"]["numerics"]
     assert bad["first_differing_step"] == 2 and bad["baseline"] == "pass-r2"
     assert [s["abs_diff"] for s in bad["steps"]] == [0.0, pytest.approx(0.002), pytest.approx(0.002)]

@@ -6,13 +6,13 @@ import os
 
 import pytest
 
-from helpers import fake_matrix, marked, module_matrix
+from helpers import fake_matrix, marked, module_matrix, run_doc
 
 
 def intervals(run_json):
     """cell id -> (start, end, devices) from the fake ranks' time stamps."""
     out = {}
-    for cell in json.loads(run_json.read_text())["runs"][0]["cells"]:
+    for cell in run_doc(run_json)["cells"]:
         dump = os.path.join(cell["log_dir"], "dump")
         stamps = [open(os.path.join(dump, f)).read().split() for f in os.listdir(dump) if f.startswith("times.")]
         if not stamps:  # a cell that failed before its end
@@ -34,7 +34,7 @@ def test_cells_run_at_once_within_the_ranks_budget(run_matrix, pytester, launche
     result = run_matrix(text, "--simplefsdp-jobs=auto", "--simplefsdp-max-ranks=4", f"--simplefsdp-json={out}",
                         launcher=launcher)
     result.assert_outcomes(passed=2, failed=2)  # verdicts as without packing
-    cells = json.loads(out.read_text())["runs"][0]["cells"]
+    cells = run_doc(out)["cells"]
     assert {c["launcher"] for c in cells} == {launcher} and not marked("forkserver:")
     result.stdout.fnmatch_lines(["*nan-r2: [[]numerics[]] loss is nan at step 2*", "*fail-r2: [[]runtime[]]*"])
     spans = intervals(out)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import fake_matrix, marked
+from helpers import fake_matrix, marked, run_doc
 
 
 def test_without_the_flag_nothing_changes(pytester):
@@ -228,7 +228,7 @@ def test_report_tool_renders_json_from_results_jsonl(run_matrix, pytester):
     run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-json={out}")
     again = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(pytester.path / "runs" / "results.jsonl"),
                             "--format", "json"], capture_output=True, text=True, check=True).stdout
-    stored, rendered = json.loads(out.read_text())["runs"][0], json.loads(again)["runs"][0]
+    stored, rendered = run_doc(out), json.loads(again)["runs"][0]
     assert [(c["id"], c["status"], c["failure_class"]) for c in rendered["cells"]] == \
         [(c["id"], c["status"], c["failure_class"]) for c in stored["cells"]] == \
         [("pass-r2", "passed", None), ("fail-r2", "failed", "runtime")]
@@ -240,7 +240,7 @@ def test_a_lost_port_is_retried_once_on_another(run_matrix, pytester):
     result = run_matrix(fake_matrix(modes=["porttaken"], args=f', "--flag", "{flag}"'),
                         f"--simplefsdp-json={pytester.path / 'run.json'}")
     result.assert_outcomes(passed=1)
-    cell = json.loads((pytester.path / "run.json").read_text())["runs"][0]["cells"][0]
+    cell = run_doc((pytester.path / "run.json"))["cells"][0]
     assert flag.exists() and cell["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
     assert any(d.startswith("first try: rendezvous port ") and "is already in use" in d
                and "; relaunched on port " in d for d in cell["details"]), cell["details"]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-from helpers import KF, fake_matrix, report_tool
+from helpers import KF, fake_matrix, report_tool, run_doc
 from pytest_simplefsdp.judge.results import last_exception
 from pytest_simplefsdp.judge.known import signature
 
@@ -54,7 +54,7 @@ def test_reproducer_reruns_the_cell_alone_with_the_same_signature(run_matrix, py
     js = pytester.path / "run.json"
     result = run_matrix(fake_matrix(modes=["fail"], timeout=120), f"--simplefsdp-json={js}", launcher="torchrun")
     result.assert_outcomes(failed=1)
-    rec = json.loads(js.read_text())["runs"][0]["cells"][0]
+    rec = run_doc(js)["cells"][0]
     command = open(f"{rec['log_dir']}/command.txt").read()
     assert command.strip() == rec["reproducer"]
     rerun = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)

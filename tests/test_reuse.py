@@ -1,17 +1,12 @@
 """Seed checkpoints and numerics baselines kept across runs by a content key (reuse.py); --simplefsdp-fresh.
 (The seed side runs on real cells: tests/test_e2e_titan.py.)"""
 
-import json
 import os
 import platform
 import subprocess
 import sys
 
-from helpers import NUMERICS, fake_matrix
-
-
-def run_doc(path):
-    return json.loads(path.read_text())["runs"][0]
+from helpers import NUMERICS, fake_matrix, run_doc
 
 
 def test_a_baseline_job_is_kept_and_used_again_until_an_input_changes_or_the_run_is_fresh(run_matrix, pytester):

@@ -10,16 +10,12 @@ import time
 
 import pytest
 
-from helpers import fake_matrix, interruptible, slurm_jobs
+from helpers import cells_of, fake_matrix, interruptible, slurm_jobs
 from pytest_simplefsdp.launch.spec import LaunchSpec
 from pytest_simplefsdp.launch.slurm import SlurmLauncher, SlurmOptions
 from pytest_simplefsdp.targets import RankCommand
 
 VERDICT = ("status", "failure_class", "failing_rank", "error_line", "stuck_ranks")
-
-
-def cells_of(path):
-    return {c["id"]: c for c in json.loads(path.read_text())["runs"][0]["cells"]}
 
 
 def table(result):

@@ -1,11 +1,10 @@
 """The trace tier: one simulated rank per cell; what it cannot run is n/a, never passed."""
 
-import json
 import textwrap
 
 import pytest
 
-from helpers import FAKE_RANK
+from helpers import FAKE_RANK, run_doc
 
 MATRIX = textwrap.dedent(f"""\
     profile: fake8
@@ -47,7 +46,7 @@ def test_trace_tier_runs_one_rank_per_cell_and_pp_is_na(run_matrix, pytester):
         "*TRACE TIER: each cell ran as ONE simulated rank*",
         "*n/a: 6 cells dropped by rule: world-size 4, trace-no-pp 2*",
     ])
-    run = json.loads(out.read_text())["runs"][0]
+    run = run_doc(out)
     assert run["meta"]["tier"] == "trace"
     assert {c["id"]: c["status"] for c in run["cells"]} == {"pass-dp8": "passed", "fail-dp8": "failed"}
     assert {d["id"]: d["rule"] for d in run["dropped"] if d["rule"] == "trace-no-pp"} == {

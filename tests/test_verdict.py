@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from helpers import fake_matrix
+from helpers import KF_EQ, fake_matrix
 from pytest_simplefsdp.spec.matrix import MatrixError
 from pytest_simplefsdp.judge.known import load_known_failures, signature
 
@@ -42,18 +42,7 @@ def test_signature_keeps_what_identifies_the_error():
     assert "Mutating a variable from outside the scope of this HOP" in signature(HOP_NEW)
 
 
-KF = """\
-# a comment that survives updates
-- id: fake-eq
-  when: {mode: fail, ranks: ">1"}
-  error: 'Eq\\(uN \\+ uN, N\\)'
-  kind: xfail
-  link: https://github.com/pytorch/torchtitan/pull/1529
-  reason: unbacked symbol equality in EP token dispatch
-"""
-
-
-def kf_file(pytester, text=KF):
+def kf_file(pytester, text=KF_EQ):
     path = pytester.path / "known_failures.yaml"
     path.write_text(textwrap.dedent(text))
     return path
@@ -82,7 +71,7 @@ def test_different_signature_fails_naming_expected_and_got(run_matrix, pytester)
 
 
 def test_failure_outside_the_entry_conditions_fails(run_matrix, pytester):
-    path = kf_file(pytester, KF.replace('ranks: ">1"', 'ranks: ">2"'))
+    path = kf_file(pytester, KF_EQ.replace('ranks: ">1"', 'ranks: ">2"'))
     text = with_error("RuntimeError: Eq(u0 + u1, 3072)").replace("ranks: [2]", "ranks: [2, 3]").replace(
         "world_sizes: [2]", "world_sizes: [2, 3]")
     result = run_matrix(text, f"--simplefsdp-known-failures={path}", "-v")
@@ -91,7 +80,7 @@ def test_failure_outside_the_entry_conditions_fails(run_matrix, pytester):
 
 
 def test_xpass_is_reported_and_fails_in_gate_mode(run_matrix, pytester):
-    path = kf_file(pytester, KF.replace("mode: fail", "mode: pass"))
+    path = kf_file(pytester, KF_EQ.replace("mode: fail", "mode: pass"))
     text = fake_matrix(modes=["pass"])
     result = run_matrix(text, f"--simplefsdp-known-failures={path}", "-rX")
     result.assert_outcomes(xpassed=1)
@@ -103,14 +92,14 @@ def test_xpass_is_reported_and_fails_in_gate_mode(run_matrix, pytester):
 
 
 def test_gate_from_ini(run_matrix, pytester):
-    path = kf_file(pytester, KF.replace("mode: fail", "mode: pass"))
+    path = kf_file(pytester, KF_EQ.replace("mode: fail", "mode: pass"))
     pytester.makeini("[pytest]\nsimplefsdp_gate = true\n")
     result = run_matrix(fake_matrix(modes=["pass"]), f"--simplefsdp-known-failures={path}")
     result.assert_outcomes(failed=1)
 
 
 def test_skip_entry_does_not_launch(run_matrix, pytester):
-    path = kf_file(pytester, KF.replace("kind: xfail", "kind: skip").replace("mode: fail", "mode: hang"))
+    path = kf_file(pytester, KF_EQ.replace("kind: xfail", "kind: skip").replace("mode: fail", "mode: hang"))
     result = run_matrix(fake_matrix(modes=["pass", "hang"], timeout=600), f"--simplefsdp-known-failures={path}", "-rs")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*known failure fake-eq: unbacked symbol equality*"])
@@ -118,7 +107,7 @@ def test_skip_entry_does_not_launch(run_matrix, pytester):
 
 
 def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):
-    path = kf_file(pytester, KF.replace("kind: xfail", "kind: flaky").replace("mode: fail", "mode: [pass, fail]"))
+    path = kf_file(pytester, KF_EQ.replace("kind: xfail", "kind: flaky").replace("mode: fail", "mode: [pass, fail]"))
     result = run_matrix(with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}")
     result.assert_outcomes(passed=1, xfailed=1)
     result.stdout.fnmatch_lines(["pass * flaky pass *", "fail * flaky fail *"])
@@ -128,7 +117,7 @@ def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):
                                              ("[hang]", "failed")])
 def test_classes_limit_what_an_entry_accepts(run_matrix, pytester, classes, outcome):
     """The error matches, but an entry with `classes:` accepts only failures of those classes."""
-    path = kf_file(pytester, KF.replace("  kind: xfail", f"  classes: {classes}\n  kind: xfail"))
+    path = kf_file(pytester, KF_EQ.replace("  kind: xfail", f"  classes: {classes}\n  kind: xfail"))
     result = run_matrix(with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}")
     result.assert_outcomes(passed=1, **{outcome: 1})
     if outcome == "failed":
@@ -139,10 +128,10 @@ def test_device_condition(run_matrix, pytester):
     """`device` in `when` is the profile's device: a cpu entry applies here; a cuda one could apply to no cell
     of any profile that has a `mode` axis, and is refused before anything runs."""
     text = with_error("RuntimeError: Eq(u0 + u1, 3072)")
-    path = kf_file(pytester, KF.replace("mode: fail,", "mode: fail, device: cpu,"))
+    path = kf_file(pytester, KF_EQ.replace("mode: fail,", "mode: fail, device: cpu,"))
     run_matrix(text, f"--simplefsdp-known-failures={path}").assert_outcomes(passed=1, xfailed=1)
     shutil.rmtree(pytester.path / "runs")
-    path = kf_file(pytester, KF.replace("mode: fail,", "mode: fail, device: cuda,"))
+    path = kf_file(pytester, KF_EQ.replace("mode: fail,", "mode: fail, device: cuda,"))
     result = run_matrix(text, f"--simplefsdp-known-failures={path}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*entry 'fake-eq' matches no valid cell of any profile*"])
@@ -163,11 +152,11 @@ def test_device_condition(run_matrix, pytester):
     (("mode: fail", "mode: explode"), "entry 'fake-eq' matches no valid cell of any profile"),
     (("  kind: xfail", "  classes: [runtme]\n  kind: xfail"),
      "known_failures.yaml:5: entry 'fake-eq': classes ?'runtme'?: not a list of failure classes (invalid_config, "),
-    (("# a comment that survives updates\n", KF.replace("# a comment that survives updates\n", "")),
+    (("# a comment that survives updates\n", KF_EQ.replace("# a comment that survives updates\n", "")),
      "known_failures.yaml:7: duplicate entry id 'fake-eq' (first at *known_failures.yaml:1)"),
 ])
 def test_bad_known_failures_are_usage_errors(run_matrix, pytester, change, message):
-    path = kf_file(pytester, KF.replace(*change, 1))
+    path = kf_file(pytester, KF_EQ.replace(*change, 1))
     result = run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-known-failures={path}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
@@ -175,19 +164,19 @@ def test_bad_known_failures_are_usage_errors(run_matrix, pytester, change, messa
 
 def test_version_conditions(tmp_path):
     path = tmp_path / "kf.yaml"
-    path.write_text(KF.replace("ranks: \">1\"", "ranks: \">1\", torch: \">=2.13,<2.14\""))
+    path.write_text(KF_EQ.replace("ranks: \">1\"", "ranks: \">1\", torch: \">=2.13,<2.14\""))
     kf = load_known_failures(path, {"mode", "ranks"})
     axes = {"mode": "fail", "ranks": 2}
     assert kf.for_cell(axes, {"torch": "2.13.0+cpu"})
     assert not kf.for_cell(axes, {"torch": "2.14.1"})
     assert not kf.for_cell({"mode": "fail", "ranks": 1}, {"torch": "2.13.0"})
-    path.write_text(KF.replace("ranks: \">1\"", "torch: \"newest\""))
+    path.write_text(KF_EQ.replace("ranks: \">1\"", "torch: \"newest\""))
     with pytest.raises(MatrixError, match="kf.yaml:3: entry 'fake-eq': torch: 'newest' is not a version range"):
         load_known_failures(path, {"mode", "ranks"})
 
 
 def test_update_known_failures_adds_and_removes_keeping_comments(run_matrix, pytester):
-    text = KF + textwrap.dedent("""\
+    text = KF_EQ + textwrap.dedent("""\
         - id: now-passes
           when: {mode: pass}
           error: 'anything'

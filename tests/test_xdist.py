@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from helpers import fake_matrix
-from test_numerics import NUMERICS
+from helpers import NUMERICS, fake_matrix, run_doc
 
 pytest.importorskip("xdist", reason="pytest-xdist is a test dependency (tox)")
+
 
 def run(run_matrix, pytester, name, *args):
     out = pytester.path / f"{name}.json"
@@ -20,7 +20,7 @@ def run(run_matrix, pytester, name, *args):
     table = [" ".join(re.sub(r"\d+s\b", "", line).split()) for line in result.stdout.lines  # no times, no padding
              if line.startswith(("layout", "pass ", "perturb ", "nan ", "fail "))]
     cells = [{k: c[k] for k in ("id", "status", "failure_class", "losses", "error_line", "failing_rank")}
-             for c in json.loads(out.read_text())["runs"][0]["cells"]]
+             for c in run_doc(out)["cells"]]
     return result, table, cells
 
 
@@ -33,7 +33,7 @@ def test_two_workers_give_the_table_and_json_of_a_serial_run(run_matrix, pyteste
     lines = [json.loads(x) for x in (pytester.path / "xdist" / "results.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in lines if r.get("type") == "cell") == sorted(c["id"] for c in cells)
     # one writer: the controller; each worker's cells, seeds and baselines live in its own folder
-    logs = {c["id"]: c["log_dir"] for c in json.loads((pytester.path / "xdist.json").read_text())["runs"][0]["cells"]}
+    logs = {c["id"]: c["log_dir"] for c in run_doc((pytester.path / "xdist.json"))["cells"]}
     assert all(re.search(r"/xdist/gw[01]/fake/", d) for d in logs.values()), logs
 
 
