@@ -110,10 +110,10 @@ class Book:
             job = None
             if command is not None:
                 name = f"seed-{model}" + ("" if vset.installed else f"-{vset.slug()}")
-                key = content_key(self.runner.in_env(run, command, vset), self.cache_dir)
+                key = content_key(self.runner.sets.apply(run, command, vset), self.cache_dir)
                 folder = self.kept.folder(name, key)
                 job = SeedJob(model, name, key, folder,
-                              self.runner.in_env(run, run.target.seed_command(model, folder), vset), vset)
+                              self.runner.sets.apply(run, run.target.seed_command(model, folder), vset), vset)
             self.seed_jobs[(run.name, model, vset)] = job
         return self.seed_jobs[(run.name, model, vset)]
 
@@ -132,7 +132,7 @@ class Book:
         kept = self.kept.kept(job.name, job.key) is not None
         if not kept:
             scratch = self.kept.scratch(job.name)
-            command = self.runner.in_env(run, run.target.seed_command(job.model, scratch), job.vset)
+            command = self.runner.sets.apply(run, run.target.seed_command(job.model, scratch), job.vset)
             failed = self.runner.run_seed(run, job.model, command, scratch, job.vset)
             if failed is not None:
                 return self._failed_seed(run, job, scratch, failed)

@@ -1,6 +1,6 @@
-"""Steps 3-4 for one cell: its launch spec, its launch (once more on another port when the first lost
-its port to another process), its result, and the checks a green must pass before it counts: the
-evidence that its label took effect. Numerics against a baseline are the next step (baselines.py)."""
+"""Steps 3-4 for one cell: its launch spec (in its version set's environment: sets.py), its launch (once more on
+another port when the first lost its port to another process), its result, and the checks a green must pass
+before it counts (checks.py). Numerics against a baseline are the next step (baselines.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,17 @@ import sys
 import threading
 from pathlib import Path
 
-from ..judge import invariants
 from ..judge.numerics import untrained_step
 from ..judge.results import CellResult, build_result, read_text
 from ..kinds import FailureClass, Status, Tier
 from ..launch.builtin import LAUNCHERS
 from ..launch.procs import free_port
 from ..launch.spec import LaunchOutcome, LaunchSpec
-from ..machine import versions
-from ..versions.envs import EnvError
-from ..versions.sets import cell_set
 from ..paths import probe_folder
 from ..spec.cells import Cell, value_id
+from ..versions.sets import cell_set
+from .checks import check_evidence, check_invariants
+from .sets import VersionSets
 
 DEFAULT_TIMEOUT = 900.0
 
@@ -43,7 +42,7 @@ def render_trace(trace_dir: Path, out: Path):
 class CellRunner:
     def __init__(self, settings, launcher, run_dir: Path, max_ranks: int, envs=None):
         self.settings, self.launcher, self.run_dir, self.max_ranks = settings, launcher, run_dir, max_ranks
-        self.envs = envs  # versions.envs.Environments: where a cell's version set runs
+        self.sets = VersionSets(envs)  # where a cell's version set runs
         self.lock = threading.Lock()  # a target's assets are made once, whichever cell comes first
 
     def cell_timeout(self, run):
@@ -69,27 +68,7 @@ class CellRunner:
         """The target's command for the cell, as it runs in the cell's version set's environment."""
         command = run.target.command(cell, dump_folder=dump_folder, nproc=cell.world, port=port, seed_folder=seed,
                                      run=later)
-        return self.in_env(run, command, cell_set(cell.axes))
-
-    def in_env(self, run, command, vset):
-        """A command of the run's target as it runs in the version set's environment."""
-        return self.envs.apply(command, vset, run.target.REQUIRES) if self.envs is not None else command
-
-    def env_problem(self, run, vset) -> str | None:
-        """Why the version set's environment cannot be had (the installer's line), or None (built, or kept)."""
-        if vset.installed or self.envs is None:
-            return None
-        try:
-            self.envs.get(vset, run.target.REQUIRES)
-        except EnvError as e:
-            return f"no environment for {vset.label()}: {e}"
-        return None
-
-    def ran_on(self, run, vset) -> dict:
-        """The versions a cell of the set ran on (its record names them)."""
-        if vset.installed or self.envs is None:
-            return dict(versions())
-        return dict(self.envs.get(vset, run.target.REQUIRES).versions)
+        return self.sets.apply(run, command, cell_set(cell.axes))
 
     def cell_dir(self, run, name):
         tier = "" if run.matrix.tier == Tier.REAL else f"-{run.matrix.tier}"
@@ -119,7 +98,7 @@ class CellRunner:
     def run(self, run, cell, devices=None, seed=None) -> CellResult:
         """Launch the cell and read its result; a green also shows its evidence (else it fails)."""
         vset = cell_set(cell.axes)
-        problem = self.env_problem(run, vset)
+        problem = self.sets.problem(run, vset)
         if problem:  # the set's environment cannot be built: its cells say why, the other sets run on
             return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
                               world=cell.world, error_line=problem, error_text=problem, mutant=cell.mutant)
@@ -133,7 +112,7 @@ class CellRunner:
             return failed
         result = self._launch(run, cell, spec, launcher)
         result.details.extend(steps)
-        result.versions = self.ran_on(run, vset)
+        result.versions = self.sets.ran_on(run, vset)
         if not vset.installed:  # asked for by name: it runs, and says where it leaves the target's range
             result.outside_range = run.target.outside_range(result.versions)
             result.details.extend(result.outside_range)
@@ -148,9 +127,9 @@ class CellRunner:
         if line:
             result.fail(FailureClass.NUMERICS, line)
         if result.status == Status.PASSED:
-            self._check_evidence(run, cell, spec, result)
+            check_evidence(run, cell, spec, result)
         if result.status == Status.PASSED and spec.command.env.get("SIMPLEFSDP_INVARIANTS") == "1":
-            self._check_invariants(spec, result)
+            check_invariants(spec, result)
         if result.status == Status.PASSED and run.target.runs(cell) > 1:
             self._later_runs(run, cell, result, devices, seed, launcher)
         if run.matrix.numerics and result.status == Status.PASSED:
@@ -220,26 +199,6 @@ class CellRunner:
             result.details.append(f"{what} loaded the checkpoint and trained steps {steps[0]}-{steps[-1]} "
                                   f"(logs: {spec.log_dir})")
 
-    @staticmethod
-    def _check_evidence(run, cell, spec, result):
-        """A green must show that its label took effect; where the probe that shows it did not run, that is said."""
-        evidence = run.target.evidence(cell, spec.log_dir)
-        result.evidence = [e.record() for e in evidence]
-        blind = [e for e in evidence if not e.ok and e.infra]
-        contradicted = [e for e in evidence if not e.ok and not e.infra]
-        if blind:
-            result.fail(FailureClass.INFRA, f"the evidence probe cannot show the label: {blind[0].line()}")
-        elif contradicted:
-            result.fail(FailureClass.INVALID_CONFIG, f"the run does not show its label: {contradicted[0].line()}")
-
-    @staticmethod
-    def _check_invariants(spec, result):
-        """A green must keep the exact invariants of every optimizer step (judge.invariants), baseline or not."""
-        found = invariants.check(spec.log_dir, spec.nproc)
-        result.invariants = found.record()
-        if found.violation:
-            result.fail(FailureClass.NUMERICS, f"optimizer-step invariant ({found.check}): {found.violation}")
-
     def seed_spec(self, run, model, command, folder, port=None) -> LaunchSpec:
         return LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), port or free_port(),
                           self.settings.log_limit_bytes, device=run.matrix.device)
@@ -247,7 +206,7 @@ class CellRunner:
     def run_seed(self, run, model, command, folder, vset=None) -> CellResult | None:
         """One rank that writes the model's seed checkpoint (in the version set's environment); None when it did,
         else its failed result."""
-        problem = self.env_problem(run, vset) if vset is not None else None
+        problem = self.sets.problem(run, vset) if vset is not None else None
         if problem:
             return CellResult(f"seed-{model}", {}, status=Status.FAILED, failure_class=FailureClass.INFRA,
                               error_line=problem, error_text=problem)

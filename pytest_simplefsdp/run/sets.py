@@ -1,0 +1,33 @@
+"""Where a cell's version set runs: its environment (versions.envs.Environments, built with uv), or the one pytest
+runs in for ``installed``. A set's commands take that environment's Python; a set whose environment cannot be had
+names the installer's line; a record names the versions it ran on, and what of them the target does not support."""
+
+from __future__ import annotations
+
+from ..machine import versions
+from ..versions.envs import EnvError
+
+
+class VersionSets:
+    def __init__(self, envs=None):
+        self.envs = envs  # versions.envs.Environments, or None: only the installed versions
+
+    def apply(self, run, command, vset):
+        """A command of the run's target as it runs in the version set's environment."""
+        return self.envs.apply(command, vset, run.target.REQUIRES) if self.envs is not None else command
+
+    def problem(self, run, vset) -> str | None:
+        """Why the version set's environment cannot be had (the installer's line), or None (built, or kept)."""
+        if vset.installed or self.envs is None:
+            return None
+        try:
+            self.envs.get(vset, run.target.REQUIRES)
+        except EnvError as e:
+            return f"no environment for {vset.label()}: {e}"
+        return None
+
+    def ran_on(self, run, vset) -> dict:
+        """The versions a cell of the set ran on (its record names them)."""
+        if vset.installed or self.envs is None:
+            return dict(versions())
+        return dict(self.envs.get(vset, run.target.REQUIRES).versions)
