@@ -201,3 +201,15 @@ def test_a_list_where_a_mapping_belongs_names_the_key_and_line(tmp_path, key):
 def test_an_infinite_timeout_is_refused(tmp_path):
     with pytest.raises(MatrixError, match=r"timeout must be a positive number of seconds, got inf"):
         load(tmp_path, BASE + "timeout: .inf\n")
+
+
+def test_an_included_cell_runs_on_every_version_set_of_the_run(tmp_path):
+    """The version sets are the run's, not a cell's choice: an `include` that names no version runs on each of them
+    (a twin run once left the seed's 8-rank cells, which are includes, on the installed versions alone)."""
+    from pytest_simplefsdp.spec.matrix import with_versions
+
+    text = BASE.replace("  compile: [eager, aot_fx_trace]\n", "  compile: [eager]\n") + \
+        "exclude:\n  - {dp_shard: 4}\ninclude:\n  - {model: llama3, dp_shard: 4, compile: eager}\n"
+    matrix = with_versions(load(tmp_path, text)[0], ["installed", "torch==2.15.0"])
+    ids = [c.id for c in expand(matrix)[0] if c.axes["dp_shard"] == 4]
+    assert ids == ["llama3-dp4-eager", "llama3-dp4-eager-torch-2.15.0"]

@@ -141,13 +141,17 @@ def expand(matrix: Matrix):
         candidates.append((axes, matrix.where("axes")))
     index = {tuple(a.items()): i for i, (a, _) in enumerate(candidates)}
     for entry in matrix.include:  # an included cell was asked for by name: a rule dropping it is an error
-        axes = {n: entry.values.get(n, matrix.axes[n][0]) for n in names}
-        key = tuple(axes.items())
-        if key in index:
-            candidates[index[key]] = (axes, entry.where)
-        else:
-            index[key] = len(candidates)
-            candidates.append((axes, entry.where))
+        # an axis it leaves out takes the axis's first value; the version sets are not a choice of the cell's but
+        # of the run (--simplefsdp-versions, --simplefsdp-twin): it runs on each of them, as every other cell does
+        sets = matrix.axes.get("versions", [None]) if "versions" not in entry.values else [entry.values["versions"]]
+        for vset in sets:
+            axes = {n: vset if n == "versions" else entry.values.get(n, matrix.axes[n][0]) for n in names}
+            key = tuple(axes.items())
+            if key in index:
+                candidates[index[key]] = (axes, entry.where)
+            else:
+                index[key] = len(candidates)
+                candidates.append((axes, entry.where))
 
     # a tier's own rules may drop an included cell (the trace tier cannot run everything the profile asks for)
     tier_rules = {r.name for r in matrix.trace["rules"]} if matrix.tier != "real" and matrix.trace else set()
