@@ -175,6 +175,34 @@ def test_version_conditions(tmp_path):
         load_known_failures(path, {"mode", "ranks"})
 
 
+def test_a_window_decides_where_an_entry_holds(tmp_path):
+    """fixed_in torch 2.15.0: a pass there is a plain pass (the window says so), a pass on 2.14.1 is XPASS, and the
+    same failure on 2.15.0 is not this known failure."""
+    from pytest_simplefsdp.judge.results import CellResult
+    from pytest_simplefsdp.judge.verdict import judge
+    from pytest_simplefsdp.kinds import FailureClass, Status
+
+    path = tmp_path / "kf.yaml"
+    path.write_text(KF_EQ + "  fixed_in: {torch: 2.15.0}\n")
+    entries = load_known_failures(path, {"mode", "ranks"}).for_cell({"mode": "fail", "ranks": 2}, {})
+
+    def verdict(status, torch):
+        failed = status == Status.FAILED
+        result = CellResult("c", {"mode": "fail", "ranks": 2}, status=status, versions={"torch": torch},
+                            failure_class=FailureClass.RUNTIME if failed else None,
+                            error_line="RuntimeError: Eq(u0 + u1, 6144)" if failed else None)
+        return judge(result, entries, gate=False)
+
+    fixed = verdict(Status.PASSED, "2.15.0")
+    assert fixed.outcome == Status.PASSED and fixed.message == ("passes, as known failure fake-eq "
+                                                                "(https://github.com/pytorch/torchtitan/pull/1529)'s "
+                                                                "window says: torch 2.15.0 has its fix (torch 2.15.0)")
+    assert verdict(Status.PASSED, "2.14.1+cu130").outcome == Status.XPASSED
+    assert verdict(Status.FAILED, "2.14.1").outcome == Status.XFAILED
+    wrong = verdict(Status.FAILED, "2.15.0")
+    assert wrong.outcome == Status.FAILED and "has its fix (torch 2.15.0): its window is wrong" in wrong.message
+
+
 def test_update_known_failures_adds_and_removes_keeping_comments(run_matrix, pytester):
     text = KF_EQ + textwrap.dedent("""\
         - id: now-passes

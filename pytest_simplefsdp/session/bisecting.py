@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -139,20 +140,24 @@ class Bisector:
         first = next((p for p in b.probes if b.window and p.version == b.window[1]), None)
         log = main_log(rec)
         tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
+        command = Path(rec["log_dir"]) / "command.txt"
+        # the cell's own command, with the new environment's Python for the one it ran with
+        command = command.read_text().strip().replace(sys.executable, ".venv/bin/python") if command.is_file() else ""
         lines += ["", "## Reproducer", "", "```sh",
-                  f"uv venv && uv pip install {' '.join(self.pins(item, first))} triton",
-                  (Path(rec["log_dir"]) / "command.txt").read_text().strip()
-                  if (Path(rec["log_dir"]) / "command.txt").is_file() else "", "```", "",
+                  f"uv venv && uv pip install {' '.join(self.pins(item, first))} triton", command, "```", "",
                   "## The failing rank's log (last lines)", "", "```", *tail, "```", ""]
         path.write_text("\n".join(lines))
         return path
 
     def pins(self, item, probe):
+        """torch and torchtitan as the failing probe ran them: the set's pins, the installed versions for the rest."""
         vset = cell_set(item.cell.axes)
         if probe is not None:
             vset = vset.with_pin(item.package, probe.version)
-        return [f"{p}=={v}" if not v.startswith("@") else f"'torchtitan @ git+<repo>@{v[1:]}'" for p, v in vset.pins] \
-            or [f"torch=={installed('torch').split('+')[0]}", f"torchtitan=={installed('torchtitan')}"]
+        ran = vset.versions({"torch": installed("torch").split("+")[0], "torchtitan": installed("torchtitan")})
+        pinned = dict(vset.pins)
+        return [f"'torchtitan @ git+<repo>@{ran[p]}'" if str(pinned.get(p, "")).startswith("@") else f"{p}=={ran[p]}"
+                for p in ("torch", "torchtitan")]
 
 
 def outcome(result, wanted) -> tuple:
