@@ -4,6 +4,8 @@ The job configs here are small fake config modules (so the tests do not depend o
 the same); they go through the real probe subprocess, the real target and the real matrix loader.
 """
 
+import dataclasses
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -160,6 +162,27 @@ def test_renamed_options_are_spelled_and_converted_to_tokens(fake_torchtitan, tm
                                        "--training.global_batch_size"))
     seed = " ".join(target.seed_command("llama3", tmp_path / "seed").argv)
     assert "--checkpoint.create_seed_checkpoint" in seed and "--dump_folder" in seed
+
+
+def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan, tmp_path):
+    """A version set whose environment is built (here: a Python that sees the renamed config of PR 4121) spells
+    its cells with that torchtitan's names; the installed versions' cells keep the installed names."""
+    target, (cell,) = fake_torchtitan("titan_set")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "titan_set.py").write_text(FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR))
+    python = tmp_path / "set-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={other}:$PYTHONPATH exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    asked = []
+    target.python_for = lambda label: asked.append(label) or str(python)
+    in_set = dataclasses.replace(cell, axes={**cell.axes, "versions": "torchtitan@abc123"})
+    assert "--training.max_context_length 256" in " ".join(argv_of(target, in_set, tmp_path))
+    installed = " ".join(argv_of(target, cell, tmp_path))
+    assert "--training.seq_len 256" in installed and "max_context_length" not in installed
+    assert asked == ["torchtitan@abc123"]  # the installed versions never ask; the set's table is read once
+    argv_of(target, in_set, tmp_path)
+    assert asked == ["torchtitan@abc123", "torchtitan@abc123"] and len(target.set_options) == 1
 
 
 def test_a_value_the_installed_torchtitan_cannot_express_fails_collection(fake_torchtitan):

@@ -104,6 +104,7 @@ def test_skip_entry_does_not_launch(run_matrix, pytester):
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*known failure fake-eq: unbacked symbol equality*"])
     assert not (pytester.path / "runs" / "fake" / "hang-r2").exists()
+    assert not list(pytester.path.glob("*.json"))  # a cell that never launched writes nothing into the rootdir
 
 
 def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):

@@ -97,6 +97,7 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
     assert "**Window (torch):** last 2.13.0 / first 2.15.0" in issue and "uv pip install torch==2.15.0" in issue
     entry = kf.read_text()
     assert entry.startswith("# our known failures\n") and "first_failing: {torch: 2.15.0}" in entry
+    assert "versions:" not in entry  # the window scopes it, not the version set the cell happened to run on
     assert "last_passing: {torch: 2.13.0}" in entry and "link: 'TODO: the upstream issue'" in entry
     again = run_matrix(text, "--simplefsdp-versions=torch==2.15.0", f"--simplefsdp-known-failures={kf}")
     again.assert_outcomes(xfailed=1)  # the file the update wrote loads, and judges the cell
@@ -138,6 +139,26 @@ def test_an_environment_that_cannot_be_built_fails_its_cells_as_infra_and_the_ot
     for cid in ("pass-r2-torch-2.11.0", "fail-r2-torch-2.11.0"):
         assert cells[cid]["failure_class"] == "infra", cells[cid]
         assert cells[cid]["error_line"].startswith("no environment for torch==2.11.0: torch==2.11.0: "), cells[cid]
+
+
+def test_a_cell_without_an_environment_is_not_confirmed_bisected_or_recorded(run_matrix, pytester, wheels, monkeypatch):
+    """Its failure is the installer's, not the cell's: the same at every version, so no confirming run, no bisection
+    (which would find both ends "failing" alike) and no known-failures entry; the run says why."""
+    monkeypatch.delenv("UV_NO_INDEX")
+    monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # nothing listens on the discard port
+    kf, out = pytester.path / "kf.yaml", pytester.path / "run.json"
+    kf.write_text("[]\n")
+    result = run_matrix(fake_matrix(), "--simplefsdp-versions=torch==2.11.0", "--simplefsdp-bisect=torch",
+                        "--simplefsdp-bisect-versions=2.10.0,2.11.0,2.15.0", "--simplefsdp-confirm=2",
+                        f"--simplefsdp-known-failures={kf}", "--simplefsdp-update-known-failures",
+                        f"--simplefsdp-json={out}")
+    result.assert_outcomes(failed=1)
+    cell = cells_of(out)["pass-r2-torch-2.11.0"]
+    assert cell["failure_class"] == "infra" and cell["not_run"] and cell["confirm"] is None, cell
+    [b] = json.loads(out.read_text())["bisections"]
+    assert b["error"].startswith("not bisected: pass-r2-torch-2.11.0 did not run (no environment for torch==2.11.0")
+    assert "probes" not in b and kf.read_text() == "[]\n"
+    result.stdout.fnmatch_lines(["*not bisected: pass-r2-torch-2.11.0 did not run (no environment for*"])
 
 
 def test_an_environment_is_refused_before_it_is_built_when_the_disk_is_too_small(run_matrix, pytester, wheels):

@@ -63,6 +63,8 @@ class CellResult:
     reproducer: str = ""
     world: int = 0
     launcher: str = ""  # the launcher that ran it: torchrun, local, fork, slurm, or a plugin's
+    not_run: bool = False  # it never ran: no environment for its versions, its launcher did not start it, or
+    # someone else stopped it (nothing of the cell's own to confirm, bisect or record as a known failure)
     versions: dict = field(default_factory=dict)  # package -> version it ran on (its version set's environment)
     outside_range: list = field(default_factory=list)  # what of its version set the target does not support
     details: list = field(default_factory=list)  # extra lines for the failure report
@@ -260,6 +262,7 @@ def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> Ce
 def _stopped(outcome, texts, res):
     """The cell never ran to its end: it could not start, hung past its timeout, or flooded its logs."""
     if outcome.launch_error:
+        res.not_run = True
         return FailureClass.INFRA, outcome.launch_error
     if outcome.timed_out and _failed_first(outcome, texts) is None:  # a rank that failed first is the cause
         ranks = ", ".join(map(str, outcome.stuck_ranks)) or "unknown"

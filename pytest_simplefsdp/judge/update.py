@@ -67,7 +67,10 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
             continue
         if eid in added:
             continue
-        when = CommentedMap([("profile", profile), *result.axes.items()])
+        window = windows.pop(eid, {})
+        # a window says on which versions it fails: the version set the cell ran on is then no condition of its own
+        axes = {k: v for k, v in result.axes.items() if not (window and k == "versions")}
+        when = CommentedMap([("profile", profile), *axes.items()])
         when.fa.set_flow_style()
         rate = (result.confirm or {}).get("pass_rate") if result.flaky else None
         entry = CommentedMap([("id", eid), ("when", when), ("error", pattern),
@@ -75,7 +78,7 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
                               *([("pass_rate", rate)] if rate is not None else []),
                               ("link", TODO_LINK), ("reason", f"{result.failure_class}: "
                                                               f"{(result.error_line or '')[:160]} (first seen {date})")])
-        for key, value in windows.pop(eid, {}).items():
+        for key, value in window.items():
             entry[key] = CommentedMap(value)
             entry[key].fa.set_flow_style()
         added.append(eid)
@@ -83,7 +86,12 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
         dumper.dump([entry], out)
         lines.append(("" if not lines or lines[-1].endswith("\n") else "\n") + out.getvalue())
         changes.append(f"added {eid} (link: {TODO_LINK!r}: name it; the file loads with a warning until then)")
-    _replace(path, "".join(line for n, line in enumerate(lines) if n not in drop), check)
+    if not changes:  # nothing to say: the file stays as it is, byte for byte
+        return changes
+    text = "".join(line for n, line in enumerate(lines) if n not in drop)
+    if not _parsed(text)[0]:  # every entry went: still a list (comments kept)
+        text += ("" if not text or text.endswith("\n") else "\n") + "[]\n"
+    _replace(path, text, check)
     return changes
 
 

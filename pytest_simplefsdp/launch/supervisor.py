@@ -12,6 +12,7 @@ import time
 
 import psutil
 
+from ..paths import probe_folder
 from .procs import TERM_GRACE_S, cell_processes, kill_procs, orphans_since, runner_children
 from .reaper import SURVIVOR_LINE
 
@@ -108,9 +109,15 @@ class Supervisor:
         if alive_ranks is not None and now >= self._ranks_polled + RANKS_POLL_S:
             self._ranks_polled = now
             alive = set(alive_ranks())
-            for rank in self._seen - alive:
+            for rank in (self._seen | self.ended_ranks()) - alive:
                 left.setdefault(rank, (round(now - start, 2), None))
             self._seen |= alive
+
+    def ended_ranks(self) -> set:
+        """Ranks whose process ended in order (the start-up shim's ``ended/`` markers): also those that left
+        between two listings, never seen running."""
+        folder = probe_folder(self.spec.log_dir) / "ended"
+        return {int(p.name[4:].partition(".")[0]) for p in folder.glob("rank*")} if folder.is_dir() else set()
 
     def _watch(self, procs, on_first_failure, alive_ranks, start):
         self._listed, self._logs = -1e9, []

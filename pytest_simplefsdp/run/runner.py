@@ -101,7 +101,8 @@ class CellRunner:
         problem = self.sets.problem(run, vset)
         if problem:  # the set's environment cannot be built: its cells say why, the other sets run on
             return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
-                              world=cell.world, error_line=problem, error_text=problem, mutant=cell.mutant)
+                              world=cell.world, error_line=problem, error_text=problem, mutant=cell.mutant,
+                              not_run=True)
         self.prepare(run)
         spec = self.spec_for(run, cell, seed=seed)
         if devices is not None:

@@ -5,7 +5,8 @@ names the installer's line; a record names the versions it ran on, and what of t
 from __future__ import annotations
 
 from ..machine import versions
-from ..versions.envs import EnvError
+from ..versions.envs import DONE, EnvError
+from ..versions.sets import parse
 
 
 class VersionSets:
@@ -25,6 +26,14 @@ class VersionSets:
         except EnvError as e:
             return f"no environment for {vset.label()}: {e}"
         return None
+
+    def python(self, run, label: str):
+        """The Python of a version set's environment where it is built (its option names can be read), else None."""
+        vset = parse(label)
+        if vset.installed or self.envs is None:
+            return None
+        folder = self.envs.folder(vset, run.target.REQUIRES)
+        return str(folder / "bin" / "python") if (folder / DONE).is_file() else None
 
     def ran_on(self, run, vset) -> dict:
         """The versions a cell of the set ran on (its record names them)."""

@@ -17,7 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from ..judge.known import signature
-from ..kinds import FailureClass, Status
+from ..kinds import Status
 from ..machine import installed
 from ..report.page import main_log
 from ..versions.bisect import FAILS, OTHER, PASSES, UNTESTABLE, bisect, judge_runs, table
@@ -25,7 +25,7 @@ from ..versions.sets import available_versions, cell_set, index_versions, order,
 
 # an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
 API_MISMATCH = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|has no attribute|unexpected keyword "
-                          r"argument|Unrecognized (option|arguments)|no environment for")
+                          r"argument|Unrecognized (option|arguments)")
 DEFAULT_MINORS = 8  # the default list: the index's releases of the last 8 minor versions
 
 
@@ -110,7 +110,16 @@ class Bisector:
         for run, cell, rec in self.to_bisect(records, selected):
             current = cell_set(cell.axes).versions({"torch": installed("torch").split("+")[0],
                                                     "torchtitan": installed("torchtitan")})[self.package]
+            if self.package == "torchtitan" and current.startswith("@") and self.settings.torchtitan_repo:
+                try:  # (the run's own cell is the probe of its commit: named as the list names it)
+                    current = "@" + short_sha(self.settings.torchtitan_repo, current[1:])
+                except subprocess.CalledProcessError:
+                    pass
             item = Found(run, cell, rec, self.package)
+            if rec.get("not_run"):  # no environment, not started: no behaviour of its own to bisect
+                item.error = f"not bisected: {cell.id} did not run ({rec.get('error_line')})"
+                found.append(item)
+                continue
             try:
                 versions = self.versions(current)
             except (BisectError, OSError, subprocess.CalledProcessError) as e:
@@ -166,10 +175,11 @@ def outcome(result, wanted) -> tuple:
         return PASSES, "", ""
     sig = signature(result.error_text or result.error_line)
     line = result.error_line or ""
+    if result.not_run:  # no environment for the version: asked before the signature, which an environment's
+        return UNTESTABLE, sig, line  # failure shares at every version
     if sig == wanted:
         return FAILS, sig, line
-    if result.failure_class == FailureClass.INFRA and "no environment for" in line or \
-            (not result.losses and API_MISMATCH.search(line)):
+    if not result.losses and API_MISMATCH.search(line):
         return UNTESTABLE, sig, line
     return OTHER, sig, line
 
@@ -195,9 +205,12 @@ def commits(repo, spec) -> list[str]:
     if ".." not in spec:
         raise BisectError(f"--simplefsdp-bisect-versions={spec!r}: name the commits as GOOD..BAD")
     good, _, bad = spec.partition("..")
-    git = ["git", "-C", str(repo)]
-    resolve = lambda ref: subprocess.run([*git, "rev-parse", "--short=12", ref], check=True, capture_output=True,  # noqa: E731
-                                         text=True).stdout.strip()
-    listed = subprocess.run([*git, "rev-list", "--reverse", "--first-parent", "--abbrev-commit", "--abbrev=12",
-                             f"{good}..{bad}"], check=True, capture_output=True, text=True).stdout.split()
-    return [resolve(good), *listed]
+    listed = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "--first-parent", "--abbrev-commit",
+                             "--abbrev=12", f"{good}..{bad}"], check=True, capture_output=True, text=True).stdout.split()
+    return [short_sha(repo, good), *listed]
+
+
+def short_sha(repo, ref) -> str:
+    """A commit as the list of commits names it (12 hex digits), however the user wrote it."""
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", ref], check=True, capture_output=True,
+                          text=True).stdout.strip()

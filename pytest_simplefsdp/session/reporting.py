@@ -123,6 +123,7 @@ class Reporter:
             if found.error:
                 tr.section(f"simplefsdp bisect: {cell}", red=True)
                 tr.write_line(found.error)
+                doc["bisections"].append({"cell": cell, "package": found.package, "error": found.error})
                 continue
             b = found.bisection
             window = (f"last like the first end: {b.window[0]}, first like the last end: {b.window[1]}" if b.window
@@ -198,7 +199,7 @@ class Reporter:
         cells = [(runs[r["matrix"]], CellResult.from_record(r)) for r in state.store.records
                  if r["type"] == RecordType.CELL and not r.get("mutant")]
         new = [(run.matrix.profile, r) for run, r in cells if r.status == Status.FAILED and not r.known_failure
-               and r.failure_class]
+               and r.failure_class and not r.not_run]  # (a cell that never ran has no failure of its own to record)
         outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
         for run, r in cells:
             for e in state.entries_for(run, r):

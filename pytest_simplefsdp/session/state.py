@@ -48,6 +48,8 @@ class MatrixSession:
         self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks, self.envs)
         self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
         self.runs = setup.load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
+        for run in self.runs:  # a version set's cells are spelled by its own torchtitan, once its environment is built
+            run.target.python_for = lambda label, run=run: self.runner.sets.python(run, label)
         self.version_lines = [] if s.dry_run else setup.check_versions(s, self.runs)  # unknown ones: a usage error
         self.unavailable = {} if s.dry_run else setup.check_gpus(self.runs, self.runner)  # run -> why not here
         self.mutants = setup.chosen_mutants(s, self.runs)  # run name -> [mutants.Mutant] of --simplefsdp-mutants
@@ -110,9 +112,10 @@ class MatrixSession:
 
     def confirm(self, run, cell, result):
         """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it
-        is reported as new; one that passes in any run is reported as flaky, with its pass rate."""
+        is reported as new; one that passes in any run is reported as flaky, with its pass rate. A cell that did
+        not run to its own end (SLURM cancelled it, srun refused it) is not run again: its failure is not the cell's."""
         runs = self.settings.confirm
-        if runs <= 1:
+        if runs <= 1 or result.not_run:  # a cell the launcher did not run (or someone stopped) shows nothing of its own
             return
         again = [self.run_attempt(run, cell, f"confirm{n}") for n in range(2, runs + 1)]
         passed = sum(1 for r in again if r.status == Status.PASSED)

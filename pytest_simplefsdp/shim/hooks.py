@@ -65,11 +65,12 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name not in PENDING:
             return None
-        sys.meta_path.remove(self)
+        at = sys.meta_path.index(self)
+        sys.meta_path.pop(at)
         try:
             spec = importlib.util.find_spec(name)
         finally:
-            sys.meta_path.insert(0, self)
+            sys.meta_path.insert(at, self)  # where it was: a finder put ahead of it (a profiler's) stays ahead
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module

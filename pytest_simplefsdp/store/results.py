@@ -32,7 +32,9 @@ class ResultStore:
         the type as its word, which pytest-xdist's channel carries)."""
         rec = run.record_of(result)
         rec.update(type=str(RecordType(kind)), matrix=run.name)
-        if not result.reused_from:  # a kept job's folder is shared by later runs: this run writes nothing there
+        # a kept job's folder is shared by later runs: this run writes nothing there; a cell that never launched
+        # (skipped, no environment, no seed) has no folder, and its record is in results.jsonl alone
+        if result.log_dir and not result.reused_from:
             Path(result.log_dir).mkdir(parents=True, exist_ok=True)
             (Path(result.log_dir) / "result.json").write_text(json.dumps(rec, indent=1) + "\n")
         with self.lock:

@@ -16,6 +16,7 @@ from ..machine import installed, source_checkout
 from ..paths import FIXTURES, SHIM_DIR
 from ..spec.matrix import Matrix, MatrixError
 from ..spec.upstream import options, tokens
+from ..versions.sets import INSTALLED
 from .flags import Flag, OptionError, read_options, unchecked
 
 FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
@@ -191,6 +192,9 @@ class TorchtitanTarget(Target):
         self.assets = self.checkout_assets or self.cache_dir / "assets"
         self.dataset, self.tokenizer = str(self.assets / "c4_test"), str(self.assets / "tokenizer")
         self.options = {}  # job config -> Options of the installed torchtitan (see bind)
+        self.set_options = {}  # (a version set's Python, job config) -> Options of that set's torchtitan
+        # version set label -> the Python of its built environment, or None (set by the session: run.sets.VersionSets)
+        self.python_for = None
 
 
     def run_flags(self, steps, local_batch):
@@ -253,8 +257,25 @@ class TorchtitanTarget(Target):
                 raise MatrixError(f"{cell.where}: cell {cell.id}: {e.flag.source}: {e}") from None
 
     def spell(self, axes, flags):
-        options = self.options.get(self.job_config(axes))
+        options = self.options_for(axes)
         return options.spell(flags) if options else unchecked(flags)
+
+    def options_for(self, axes):
+        """The option table a cell's flags are spelled by: its version set's torchtitan where that set's environment
+        is built (a torchtitan commit may have renamed options), else the installed one's (see bind)."""
+        key, label = self.job_config(axes), axes.get("versions", INSTALLED)
+        python = self.python_for(label) if self.python_for is not None and label != INSTALLED else None
+        if python is None:
+            return self.options.get(key)
+        if (python, key) not in self.set_options:
+            m, c = key
+            origin = f"torchtitan of {label} ({f'{m}.{c}' if m else 'JobConfig'})"
+            try:
+                found = read_options([key], shim_env(self.matrix.device, self.name), {key: origin}, python)[key]
+            except RuntimeError:  # the set's torchtitan cannot list them: its cell will say what breaks
+                found = self.options.get(key)
+            self.set_options[(python, key)] = found
+        return self.set_options[(python, key)]
 
     @property
     def spelling(self):

@@ -125,22 +125,24 @@ def _cache_key(python, module, config, env):
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def read_options(pairs, env: dict, origins: dict) -> dict:
-    """The installed torchtitan's options for each (module, config) pair: {pair: Options}, each cached by what it
-    depends on; the ones not cached are read in one subprocess (it imports torch and torchtitan once)."""
+def read_options(pairs, env: dict, origins: dict, python: str | None = None) -> dict:
+    """The torchtitan's options for each (module, config) pair: {pair: Options}, each cached by what it depends on;
+    the ones not cached are read in one subprocess (it imports torch and torchtitan once). ``python``: the
+    interpreter whose torchtitan it is (a version set's environment), else this one."""
+    python = python or sys.executable
     # the ranks' path (the target's folders, then the user's: see launch) and this package for the probe
     path = [p for p in (env.get("PYTHONPATH", ""), os.environ.get("PYTHONPATH", "")) if p]
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
     out, missing = {}, {}
     for module, config in pairs:
-        cached = cache_root() / "options" / f"{_cache_key(sys.executable, module, config, full_env)}.json"
+        cached = cache_root() / "options" / f"{_cache_key(python, module, config, full_env)}.json"
         if cached.exists():
             out[module, config] = Options(json.loads(cached.read_text()), origins[module, config])
         else:
             missing[module, config] = cached
     if not missing:
         return out
-    argv = [sys.executable, "-m", "pytest_simplefsdp.shim.options", "--many", json.dumps(list(missing))]
+    argv = [python, "-m", "pytest_simplefsdp.shim.options", "--many", json.dumps(list(missing))]
     full_env["PYTHONPATH"] = os.pathsep.join([*path, str(PACKAGE.parent)])
     proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=600)
     if proc.returncode != 0:
