@@ -43,7 +43,8 @@ class Target(Protocol):
     def evidence(self, cell, log_dir: Path) -> list: ...  # [evidence.Evidence]
     def baseline_axes(self, axes: dict) -> dict: ...
     def losses(self, dump_folder: Path) -> dict: ...  # step -> loss at full precision ({}: the log's)
-    def seed_command(self, model: str, folder: Path): ...  # -> RankCommand of the seed checkpoint, or None
+    # -> RankCommand of the seed checkpoint, or None; ``versions``: the label of the version set it runs on
+    def seed_command(self, model: str, folder: Path, versions: str = "installed"): ...
 
 
 class Launcher(Protocol):

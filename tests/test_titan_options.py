@@ -183,6 +183,18 @@ def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan,
     assert asked == ["torchtitan@abc123"]  # the installed versions never ask; the set's table is read once
     argv_of(target, in_set, tmp_path)
     assert asked == ["torchtitan@abc123", "torchtitan@abc123"] and len(target.set_options) == 1
+    # a flag the set's torchtitan has no spelling of goes as written: that torchtitan's own refusal is the outcome
+    # of the cell on that version (a bisection can find the commit), not an error of the plugin
+    gone_folder = tmp_path / "gone"
+    gone_folder.mkdir()
+    (gone_folder / "titan_set.py").write_text(FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR)
+                                              .replace("    dataset_path: str", "    grain_path: str"))
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={gone_folder}:$PYTHONPATH exec {sys.executable} "$@"\n')
+    moved = tmp_path / "gone-python"  # (another interpreter: another table, not the one kept for the first)
+    python.rename(moved)
+    target.python_for = lambda label: str(moved)
+    gone = " ".join(argv_of(target, in_set, tmp_path))
+    assert "--training.max_context_length 256" in gone and "--dataloader.dataset_path " in gone
 
 
 def test_a_value_the_installed_torchtitan_cannot_express_fails_collection(fake_torchtitan):

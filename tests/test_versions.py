@@ -104,6 +104,20 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
     again.stdout.fnmatch_lines(["*1 known-failure entries have no link yet (TODO*"])
 
 
+def test_a_fix_is_bisected_to_its_release_and_its_issue_reproduces_the_failing_side(run_matrix, pytester, wheels):
+    """Fails before torch 2.13.0, passes from it: the window (2.12.0, 2.13.0) is where it was fixed; the issue body
+    pins the failing side's torch (2.12.0) and runs the command with the new environment's Python."""
+    text = fake_matrix(args=', "--fixed-from", "2.13.0"')
+    out = pytester.path / "run.json"
+    result = run_matrix(text, "--simplefsdp-versions=torch==2.10.0", "--simplefsdp-bisect=torch",
+                        "--simplefsdp-bisect-versions=2.10.0,2.12.0,2.13.0,2.15.0", f"--simplefsdp-json={out}")
+    result.assert_outcomes(failed=1)
+    assert json.loads(out.read_text())["bisections"][0]["window"] == ["2.12.0", "2.13.0"]
+    issue = (pytester.path / "runs" / "bisect" / "pass-r2-torch-2.10.0-torch.md").read_text()
+    assert "uv pip install torch==2.12.0 " in issue and " .venv/bin/python " in issue, issue
+    assert "/bin/python -m" not in issue.replace(" .venv/bin/python -m", "")  # (no interpreter of this machine)
+
+
 def test_a_bisection_whose_ends_agree_says_so_and_searches_nothing(run_matrix, pytester, wheels):
     text = regression().replace('"--breaks-from", "2.15.0"', '"--breaks-from", "2.0.0"')  # fails everywhere
     out = pytester.path / "run.json"

@@ -132,7 +132,9 @@ class Book:
         kept = self.kept.kept(job.name, job.key) is not None
         if not kept:
             scratch = self.kept.scratch(job.name)
-            command = self.runner.sets.apply(run, run.target.seed_command(job.model, scratch), job.vset)
+            self.runner.sets.problem(run, job.vset)  # its environment first: the command is spelled by its torchtitan
+            command = self.runner.sets.apply(run, run.target.seed_command(job.model, scratch, job.vset.label()),
+                                             job.vset)
             failed = self.runner.run_seed(run, job.model, command, scratch, job.vset)
             if failed is not None:
                 return self._failed_seed(run, job, scratch, failed)

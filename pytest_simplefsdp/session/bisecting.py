@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -26,6 +25,7 @@ from ..versions.sets import available_versions, cell_set, index_versions, order,
 # an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
 API_MISMATCH = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|has no attribute|unexpected keyword "
                           r"argument|Unrecognized (option|arguments)")
+PYTHON = re.compile(r"(?<![\w=:])/\S*/bin/python[\d.]*(?=\s)")  # an interpreter by its path (this one, a set's)
 DEFAULT_MINORS = 8  # the default list: the index's releases of the last 8 minor versions
 
 
@@ -146,12 +146,13 @@ class Bisector:
                  f"**Signature:** `{wanted}`", f"**Window ({item.package}):** {window}", "",
                  "| version | outcome | runs | signature or line | wall |", "|---|---|---|---|---|"]
         lines += [f"| {' | '.join(str(x).replace('|', '/') for x in row)} |" for row in table(b)]
-        first = next((p for p in b.probes if b.window and p.version == b.window[1]), None)
+        # the failing side of the window (a regression fails on its second version, a fix on its first)
+        first = next((p for p in b.probes if b.window and p.version in b.window and p.outcome == FAILS), None)
         log = main_log(rec)
         tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
         command = Path(rec["log_dir"]) / "command.txt"
         # the cell's own command, with the new environment's Python for the one it ran with
-        command = command.read_text().strip().replace(sys.executable, ".venv/bin/python") if command.is_file() else ""
+        command = PYTHON.sub(".venv/bin/python", command.read_text().strip()) if command.is_file() else ""
         lines += ["", "## Reproducer", "", "```sh",
                   f"uv venv && uv pip install {' '.join(self.pins(item, first))} triton", command, "```", "",
                   "## The failing rank's log (last lines)", "", "```", *tail, "```", ""]

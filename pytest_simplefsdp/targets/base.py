@@ -4,6 +4,7 @@ matrix's axis values against what a target accepts."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -123,7 +124,7 @@ class Target:
     def prepare(self):
         pass
 
-    def seed_command(self, model, dump_folder):
+    def seed_command(self, model, dump_folder, versions=INSTALLED):
         return None  # no seed checkpoint: numerics start from the program's own initialisation
 
     def runs(self, cell) -> int:
@@ -272,8 +273,9 @@ class TorchtitanTarget(Target):
             origin = f"torchtitan of {label} ({f'{m}.{c}' if m else 'JobConfig'})"
             try:
                 found = read_options([key], shim_env(self.matrix.device, self.name), {key: origin}, python)[key]
-            except RuntimeError:  # the set's torchtitan cannot list them: its cell will say what breaks
-                found = self.options.get(key)
+                found = dataclasses.replace(found, strict=False)
+            except RuntimeError:  # the set's torchtitan cannot list them: flags as written, its cell says what breaks
+                found = None
             self.set_options[(python, key)] = found
         return self.set_options[(python, key)]
 

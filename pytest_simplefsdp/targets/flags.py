@@ -79,6 +79,9 @@ class Options:
 
     names: dict
     origin: str  # e.g. "torchtitan 0.3.0 (titan03_configs.llama3_debugmodel_cpu)"
+    # False for a version set's torchtitan: a flag it has no spelling of goes as written, and torchtitan's own
+    # refusal is the cell's outcome on that version (a behaviour a bisection can find), not a collection error
+    strict: bool = True
 
     def spell(self, flags: list[Flag]) -> list[str]:
         """argv for the flags; raises OptionError for one this torchtitan has no spelling of."""
@@ -89,10 +92,13 @@ class Options:
             if name not in self.names and name in RENAMES and RENAMES[name].new in self.names:
                 rename = RENAMES[name]
                 name, value = rename.new, rename.convert(value, by_name)
+            if name not in self.names and not self.strict:
+                argv += _argv(name, value)
+                continue
             if name not in self.names:
                 raise OptionError(flag, f"needs --{flag.name}, which {self.origin} does not have")
             choices = self.names[name]
-            if choices is not ANY and value is not True and str(value) not in choices:
+            if choices is not ANY and value is not True and str(value) not in choices and self.strict:
                 raise OptionError(flag, f"--{name} {value}: {self.origin} accepts {', '.join(choices)}")
             argv += _argv(name, value)
         return argv

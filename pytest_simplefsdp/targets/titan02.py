@@ -8,6 +8,7 @@ from pathlib import Path
 from ..commands import RankCommand
 from ..paths import FIXTURES
 from ..spec.upstream import options
+from ..versions.sets import INSTALLED
 from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
 from .flags import Flag
 from .titan03 import Titan03
@@ -43,7 +44,7 @@ class Titan02(TorchtitanTarget):
     DEGREE_FLAGS = {**Titan03.DEGREE_FLAGS, "etp": "expert_tensor_parallel_degree"}
     JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
 
-    def seed_command(self, model, dump_folder: Path):
+    def seed_command(self, model, dump_folder: Path, versions=INSTALLED):
         return None  # numerics are not wired for 0.2: its matrix files have no `numerics`
 
     CUSTOM_CONFIG = "torchtitan.experiments.simple_fsdp.job_config"  # what every upstream simple_fsdp test passes

@@ -11,6 +11,7 @@ from ..judge.evidence import Expect, check, inductor_codegen
 from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
 from ..spec.matrix import MatrixError
 from ..spec.upstream import options
+from ..versions.sets import INSTALLED
 from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
 from .flags import Flag
 
@@ -169,8 +170,9 @@ class Titan03(TorchtitanTarget):
         base.update(self.matrix.numerics.baseline)
         return base
 
-    def seed_command(self, model, dump_folder: Path):
-        """One rank that writes the seed checkpoint every cell of ``model`` starts from."""
+    def seed_command(self, model, dump_folder: Path, versions=INSTALLED):
+        """One rank that writes the seed checkpoint every cell of ``model`` starts from (spelled by the torchtitan
+        of ``versions``, the version set's label, where its environment is built)."""
         module, config = self.job_config({"model": model})
         flags = [Flag("compile.mode", "None", "target"), Flag("training.disable_cuda_graphs", True, "target"),
                  Flag("checkpoint.enable", True, "target"), Flag("checkpoint.create_seed_checkpoint", True, "target"),
@@ -179,7 +181,7 @@ class Titan03(TorchtitanTarget):
                  Flag("parallelism.data_parallel_shard_degree", 1, "target"),
                  Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
                  Flag("dump_folder", dump_folder, "target")]
-        argv = ["--module", module, "--config", config, *self.spell({"model": model}, flags)]
+        argv = ["--module", module, "--config", config, *self.spell({"model": model, "versions": versions}, flags)]
         return RankCommand([sys.executable, "-m", "torchtitan.train", *argv], shim_env(self.matrix.device, self.name))
 
     def losses(self, dump_folder: Path):

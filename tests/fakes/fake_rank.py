@@ -24,7 +24,7 @@ from step --at-step on, --rank breaks one:
   bigupdate    its piece of `s` moves twice as far (the update norm differs; every invariant holds)
   norecord     it records nothing (its probe did not run)
 Versions (a version set's environment, where "torch" may be a stand-in wheel): --breaks-from V fails --rank at
---at-step from torch V on; --other-at V fails it with another error on torch V; --flaky-at V fails every second run.
+--at-step from torch V on; --fixed-from V fails it before torch V (a fix); --other-at V fails it with another error on torch V; --flaky-at V fails every second run.
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
 shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
 recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
@@ -65,6 +65,7 @@ def main():
     p.add_argument("--needs", default=None, help="a file a step before the cell must have written (its artifact)")
     p.add_argument("--breaks-from", default=None, help="from this torch version on (its environment's, read from its "
                                                        "metadata), --rank raises at --at-step: a regression")
+    p.add_argument("--fixed-from", default=None, help="before this torch version, --rank raises at --at-step: a fix")
     p.add_argument("--other-at", default=None, help="on exactly this torch version, --rank raises another error")
     p.add_argument("--flaky-at", default=None, help="on exactly this torch version, every second run fails (a file "
                                                     "beside the dump folders counts them)")
@@ -123,6 +124,8 @@ def main():
         me = rank == target and step == a.at_step
         if me and a.breaks_from and older(a.breaks_from, torch) is False:
             raise RuntimeError(f"fake regression: broken since torch {a.breaks_from}")
+        if me and a.fixed_from and older(a.fixed_from, torch):
+            raise RuntimeError(f"fake bug: fixed in torch {a.fixed_from}")
         if me and a.other_at == torch:
             raise ValueError(f"another fake error on torch {torch}")
         if me and a.flaky_at == torch and flaky_turn(a.dump):
