@@ -47,6 +47,10 @@ def test_a_baseline_job_is_kept_and_used_again_until_an_input_changes_or_the_run
     assert "kept from an earlier run" in " ".join(base["details"])
     assert doc["cells"][0]["numerics"]["baseline"] == "baseline-pass-r2"
     assert not (pytester.path / "runs2" / "fake" / "baseline-pass-r2").exists()  # nothing of it ran
+    # a run with a `versions` axis uses it too (kept by a run without the axis: it stands for this run's axes)
+    result, doc = run("2v", "-k", "perturb", "--simplefsdp-versions=installed")
+    result.assert_outcomes(passed=1)
+    assert doc["baselines"][0]["reused_from"] == str(kept[0]) and doc["baselines"][0]["axes"]["versions"] == "installed"
 
     data.write_text("v2")  # an input changed: a new key, the job runs again and is kept beside the old one
     result, doc = run(3, "-k", "perturb")

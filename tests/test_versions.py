@@ -6,10 +6,12 @@ known-failure windows, and the bad inputs."""
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
 from helpers import cells_of, fake_matrix, fake_wheel
+from pytest_simplefsdp.session.bisecting import commits, short_sha
 from pytest_simplefsdp.versions.bisect import FAILS, FLAKY, OTHER, PASSES, UNTESTABLE, Probe, bisect
 
 pytestmark = pytest.mark.fake
@@ -191,6 +193,20 @@ def test_an_environment_is_refused_before_it_is_built_when_the_disk_is_too_small
     assert "refused to build the torch==2.15.0 environment: it needs about 1073741824.0 GiB and " in line, line
     assert line.endswith(" GiB free"), line
     assert not list(kept.parent.glob("torch-2.15.0-*"))
+
+
+def test_a_commit_range_is_listed_as_the_run_names_its_own_commit(tmp_path):
+    """GOOD..BAD of a git checkout, oldest first, GOOD included, 12 hex digits; a commit however written (the
+    run's own pin, `torchtitan@abc1234`) resolves to the same name, so the run's cell is the probe of its commit."""
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for n in range(4):
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", f"c{n}"], check=True)
+    shas = subprocess.run([*git, "rev-list", "--reverse", "HEAD"], capture_output=True, text=True).stdout.split()
+    listed = commits(repo, f"{shas[0][:7]}..{shas[-1][:7]}")
+    assert listed == [s[:12] for s in shas]
+    assert short_sha(repo, shas[-1][:7]) == listed[-1]
 
 
 def test_the_search_itself_on_a_fake_version_line():

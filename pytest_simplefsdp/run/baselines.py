@@ -203,7 +203,8 @@ class Book:
             kept = self.kept.kept(cell.id, digest)
             if kept is not None:
                 done = CellResult.from_record(self.kept.about(kept)["record"])
-                done.log_dir, done.reused_from = str(kept), str(kept)
+                # the axes it stands for in this run (the run that kept it may have had no `versions` axis)
+                done.id, done.axes, done.log_dir, done.reused_from = cell.id, dict(base_axes), str(kept), str(kept)
                 done.details = ["numerics baseline", f"kept from an earlier run ({kept}; --simplefsdp-fresh runs it "
                                                      f"again)"]
             else:

@@ -110,9 +110,10 @@ class Bisector:
         for run, cell, rec in self.to_bisect(records, selected):
             current = cell_set(cell.axes).versions({"torch": installed("torch").split("+")[0],
                                                     "torchtitan": installed("torchtitan")})[self.package]
-            if self.package == "torchtitan" and current.startswith("@") and self.settings.torchtitan_repo:
+            commit = dict(cell_set(cell.axes).pins).get(self.package, "").startswith("@")
+            if self.package == "torchtitan" and commit and self.settings.torchtitan_repo:
                 try:  # (the run's own cell is the probe of its commit: named as the list names it)
-                    current = "@" + short_sha(self.settings.torchtitan_repo, current[1:])
+                    current = "@" + short_sha(self.settings.torchtitan_repo, current.lstrip("@"))
                 except subprocess.CalledProcessError:
                     pass
             item = Found(run, cell, rec, self.package)

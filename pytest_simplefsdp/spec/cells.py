@@ -41,7 +41,8 @@ def id_parts(matrix: Matrix, axes: dict) -> dict:
     parts = {}
     for axis in matrix.axes:
         if axis == "versions":  # a version set: its slug, none for the environment pytest runs in
-            parts[axis] = "" if axes[axis] == INSTALLED else parse(axes[axis]).slug()
+            vset = axes.get(axis, INSTALLED)  # (a record of a run without the axis ran on the installed versions)
+            parts[axis] = "" if vset == INSTALLED else parse(vset).slug()
             continue
         spec = matrix.ids.get(axis, {})
         omit = spec.get("omit", [])
