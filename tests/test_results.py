@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_simplefsdp.judge.results import CRASH_HINT, cell_losses, classify, last_exception, parse_losses, read_text
+from pytest_simplefsdp.judge.results import (CRASH_HINT, cell_losses, classify, fallback_error, last_exception,
+                                             parse_losses, read_text)
 from pytest_simplefsdp.judge.known import signature
 
 DATA = Path(__file__).parent / "data"
@@ -84,3 +85,11 @@ def test_a_heap_abort_names_glibcs_message_and_where_python_was():
     assert ("Python was in (faulthandler): torch/_ops.py:1209 __call__ <- torch/distributed/_functional_collectives.py"
             ":540 all_to_all_single_autograd <- torchtitan/distributed/expert_parallel.py:110 _token_dispatch"
             in res.error_text)
+
+
+def test_a_framed_cli_refusal_is_the_error_line_not_its_frame():
+    """torchtitan after PR 4088 (grain) refuses --dataloader.dataset_path in tyro's framed box: the line that says
+    so is the error, not the box's bottom border (a bisection over torchtitan commits showed it as
+    "no error message; last line: ╰────")."""
+    text = read_text([DATA / "titan03_grain_unrecognized_option.log"])
+    assert fallback_error(text) == "Unrecognized options: --dataloader.dataset_path,"

@@ -19,7 +19,9 @@ LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 GRAD_NORM = re.compile(r"step:\s*(\d+)\s+loss:\s*\S+\s+grad_norm:\s*(\S+)")
 TRACEBACK = "Traceback (most recent call last):"
 CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
-ERRORISH = re.compile(r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed)")
+ERRORISH = re.compile(r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed|"
+                      r"[Uu]nrecognized (options|arguments)|invalid choice)")
+BOX = "│┃║╭╮╰╯─━═ "  # a CLI's framed message (tyro's): the frame is not the message
 
 COMPILE_FRAMES = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "torch/_higher_order_ops/",
                   "torch/fx/experimental/", "torch/_export/", "graph_pp/partition",
@@ -184,7 +186,7 @@ def last_exception(text):
 
 def fallback_error(text):
     """The last error-looking line of a log without a traceback, else what it printed last."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line.strip().strip(BOX) for line in text.splitlines() if line.strip().strip(BOX)]
     for line in reversed(lines):
         if ERRORISH.search(line) and not line.startswith("[titan]"):
             return line
