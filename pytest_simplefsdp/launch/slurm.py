@@ -26,11 +26,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..paths import probe_folder
 from .procs import cell_token, die_with_parent, interpreter, quote_env, rank_env, spawn
 from .reaper import reaped
 from .spec import LaunchOutcome, LaunchSpec
-from .supervisor import STACK_DUMP_WAIT_S, Supervisor
+from .supervisor import STACK_DUMP_WAIT_S, Supervisor, marked_ranks
 from .torchrun import TorchrunLauncher, read_root_cause
 
 GPUS_PER_NODE = 8  # a GPU cell's default ranks per node
@@ -225,8 +224,7 @@ class _StepSupervisor(Supervisor):
     def stuck_ranks(self):
         """The ranks still running at the timeout: those that printed a stack after the dump signal, and those
         whose start-up shim still marks them running (a rank that ignores SIGUSR1 prints nothing)."""
-        running = {int(p.name[4:].partition(".")[0]) for p in (probe_folder(self.spec.log_dir) / "running").glob("rank*")}
-        return sorted(set(self.dumped_ranks()) | running)
+        return sorted(set(self.dumped_ranks()) | marked_ranks(self.spec.log_dir, "running"))
 
     def dumped_ranks(self):
         """The ranks that printed a stack after the dump signal: they were still running."""

@@ -116,8 +116,7 @@ class Supervisor:
     def ended_ranks(self) -> set:
         """Ranks whose process ended in order (the start-up shim's ``ended/`` markers): also those that left
         between two listings, never seen running."""
-        folder = probe_folder(self.spec.log_dir) / "ended"
-        return {int(p.name[4:].partition(".")[0]) for p in folder.glob("rank*")} if folder.is_dir() else set()
+        return marked_ranks(self.spec.log_dir, "ended")
 
     def _watch(self, procs, on_first_failure, alive_ranks, start):
         self._listed, self._logs = -1e9, []
@@ -164,3 +163,7 @@ class Supervisor:
             time.sleep(POLL_S)
 
 
+def marked_ranks(log_dir, state) -> set:
+    """The ranks the start-up shim marks ``running`` (its process lives) or ``ended`` (it exited in order):
+    ``<evidence>/<state>/rank<R>.pid<P>``."""
+    return {int(p.name[4:].partition(".")[0]) for p in (probe_folder(log_dir) / state).glob("rank*")}

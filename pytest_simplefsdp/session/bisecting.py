@@ -110,7 +110,7 @@ class Bisector:
         for run, cell, rec in self.to_bisect(records, selected):
             current = cell_set(cell.axes).versions({"torch": installed("torch").split("+")[0],
                                                     "torchtitan": installed("torchtitan")})[self.package]
-            commit = dict(cell_set(cell.axes).pins).get(self.package, "").startswith("@")
+            commit = (cell_set(cell.axes).get(self.package) or "").startswith("@")
             if self.package == "torchtitan" and commit and self.settings.torchtitan_repo:
                 try:  # (the run's own cell is the probe of its commit: named as the list names it)
                     current = "@" + short_sha(self.settings.torchtitan_repo, current.lstrip("@"))
@@ -166,8 +166,7 @@ class Bisector:
         if probe is not None:
             vset = vset.with_pin(item.package, probe.version)
         ran = vset.versions({"torch": installed("torch").split("+")[0], "torchtitan": installed("torchtitan")})
-        pinned = dict(vset.pins)
-        return [f"'torchtitan @ git+<repo>@{ran[p]}'" if str(pinned.get(p, "")).startswith("@") else f"{p}=={ran[p]}"
+        return [f"'torchtitan @ git+<repo>@{ran[p]}'" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
                 for p in ("torch", "torchtitan")]
 
 
