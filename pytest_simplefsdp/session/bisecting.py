@@ -108,8 +108,7 @@ class Bisector:
     def run(self, records, selected) -> list[Found]:
         found = []
         for run, cell, rec in self.to_bisect(records, selected):
-            current = cell_set(cell.axes).versions({"torch": installed("torch").split("+")[0],
-                                                    "torchtitan": installed("torchtitan")})[self.package]
+            current = cell_set(cell.axes).versions(installed_releases())[self.package]
             commit = (cell_set(cell.axes).get(self.package) or "").startswith("@")
             if self.package == "torchtitan" and commit and self.settings.torchtitan_repo:
                 try:  # (the run's own cell is the probe of its commit: named as the list names it)
@@ -165,9 +164,14 @@ class Bisector:
         vset = cell_set(item.cell.axes)
         if probe is not None:
             vset = vset.with_pin(item.package, probe.version)
-        ran = vset.versions({"torch": installed("torch").split("+")[0], "torchtitan": installed("torchtitan")})
+        ran = vset.versions(installed_releases())
         return [f"'torchtitan @ git+<repo>@{ran[p]}'" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
                 for p in ("torch", "torchtitan")]
+
+
+def installed_releases() -> dict:
+    """torch and torchtitan of the environment pytest runs in, as a release list names them (no local tag)."""
+    return {"torch": installed("torch").split("+")[0], "torchtitan": installed("torchtitan")}
 
 
 def outcome(result, wanted) -> tuple:
