@@ -46,6 +46,15 @@ class FailureClass(Word):
     INFRA = "infra"
 
 
+class GateClass(Word):
+    """A failure of a pull request's run judged against its base (--simplefsdp-base), as PyTorch's Dr. CI sorts them;
+    only NEW fails the gate."""
+    NEW = "new"  # fails on the PR, passes on the base (or fails there differently)
+    BROKEN_TRUNK = "broken trunk"  # fails on the base too, with the same signature
+    FLAKY = "flaky"  # the PR's runs, or the base's, disagree
+    KNOWN = "known"  # a known-failures entry expects it
+
+
 class Tier(Word):
     REAL = "real"  # every rank runs on the profile's device
     TRACE = "trace"  # one simulated rank per cell on this CPU machine (torchtitan's fake backend)

@@ -23,6 +23,27 @@ def installed(package) -> str:
         return ""
 
 
+def package_root(package) -> Path | None:
+    """Where an installed package's files are (found without importing it), else None."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+# the trainer each torchtitan generation ships, as a folder of the package: what a target needs is decided by what
+# is there, never by the version string (torchtitan main has said 0.2.2 since before graph_trainer)
+TRAINERS = {"graph_trainer": "experiments/graph_trainer", "simple_fsdp": "experiments/simple_fsdp"}
+
+
+def torchtitan_trainers() -> set[str]:
+    """The SimpleFSDP trainers the installed torchtitan ships (graph_trainer: 0.3.0 and main; simple_fsdp: 0.2.x)."""
+    root = package_root("torchtitan")
+    return {name for name, folder in TRAINERS.items() if root and (root / folder).is_dir()}
+
+
 @functools.lru_cache(maxsize=None)
 def versions():
     """The versions a report and a known-failure condition name (read once per session)."""

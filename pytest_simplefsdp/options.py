@@ -207,6 +207,7 @@ def stored_run(name, value):
 
 
 NEWEST = "newest"
+MERGE_BASE = "merge-base"  # --simplefsdp-base given bare
 
 OPTIONS = [
     Option("matrix", "bool", False, "run the SimpleFSDP composability matrix: one test per valid cell "
@@ -308,6 +309,14 @@ OPTIONS = [
     Option("confirm", "string", "2", "runs that must agree before a bisection probe counts, and before a new failure "
                                      "is reported as new (a cell that passes in one of them is reported as flaky, "
                                      "with its pass rate)", whole, metavar="N", matrix_only=False),
+    Option("base", "string", None, "gate a torchtitan pull request: each cell that fails here (the installed "
+                                   "torchtitan: the PR) is run again on the torchtitan of REF, a commit of the "
+                                   "checkout (--simplefsdp-torchtitan-repo, else the one torchtitan is installed "
+                                   "editable from, else the rootdir), in an environment kept per commit; bare: the "
+                                   "merge base of HEAD with main. Each failure is then new (passes on the base, or "
+                                   "fails there differently), broken trunk (same signature on the base), flaky "
+                                   "(runs disagree) or known (an entry); only new failures fail the run. Passing "
+                                   "cells are not run again", const=MERGE_BASE, metavar="REF"),
     Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets and "
                                               "--simplefsdp-bisect=torchtitan name", existing_dir, metavar="PATH"),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
@@ -348,6 +357,7 @@ class Settings:
     bisect: str | None
     bisect_versions: str | None
     confirm: int
+    base: str | None
     torchtitan_repo: Path | None
     update_known_failures: bool
 
@@ -360,6 +370,9 @@ class Settings:
         if values["twin"] and values["versions"]:
             raise pytest.UsageError("--simplefsdp-twin runs the installed versions and one more set; "
                                     "--simplefsdp-versions names every set itself: give one of the two")
+        if values["base"] and (values["twin"] or values["versions"]):
+            raise pytest.UsageError("--simplefsdp-base reruns failures on the base's torchtitan; it runs the installed "
+                                    "versions only: drop --simplefsdp-twin / --simplefsdp-versions")
         return cls(**values)
 
     @property

@@ -5,6 +5,7 @@ the same); they go through the real probe subprocess, the real target and the re
 """
 
 import dataclasses
+import json
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -202,15 +203,96 @@ def test_a_value_the_installed_torchtitan_cannot_express_fails_collection(fake_t
         fake_torchtitan("titan_no_full", inductor="", backend="inductor")
     msg = str(e.value)
     assert "titan_no_full.yaml:" in msg  # the matrix file and line
-    assert ": cell llama3-2-aot_fx_trace-inductor-default: axis backend=inductor: needs " \
-           "--compile.inductor_compilation, which torchtitan" in msg and "(titan_no_full.debugmodel)" in msg
+    assert "axis backend=inductor: needs --compile.inductor_compilation, which torchtitan" in msg
+    assert "(titan_no_full.debugmodel)" in msg and "(1 of 2: llama3-2-aot_fx_trace-inductor-default)" in msg
+
+
+# torchtitan main since the grain dataloader (upstream 1460458): no dataset_path; the dataset is a config object
+GRAIN = """
+@dataclass
+class Source:
+    load_dataset_kwargs: dict = field(default_factory=lambda: {"data_files": "tests/assets/c4_test/data.json"})
+
+
+@dataclass
+class Dataloader:
+    source: Source = field(default_factory=Source)
+"""
+
+
+def grain_module(python_options: bool) -> str:
+    old = FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR)
+    text = old.replace('@dataclass\nclass Dataloader:\n    dataset_path: str = ""\n', GRAIN)
+    assert text != old
+    return text + ("\n\ndef python_options(config):\n    return [] if hasattr(config.dataloader, 'dataset_path') "
+                   "else ['dataloader.dataset_path']\n" if python_options else "")
+
+
+def test_an_option_this_torchtitan_takes_only_in_python_goes_to_the_config_module(fake_torchtitan, tmp_path):
+    """What the config module says it sets in Python (its python_options) leaves the command line and reaches the
+    ranks as $SIMPLEFSDP_CONFIG_SET, for the cells and the seed checkpoint alike; the other flags stay flags."""
+    (tmp_path / "titan_grain.py").write_text(grain_module(python_options=True))
+    path = tmp_path / "titan_grain.yaml"
+    path.write_text(MATRIX.format(module="titan_grain", compile="aot_fx_trace", backend="aot_eager"))
+    target = make_target(load_matrix(path), tmp_path)
+    cells, _ = expand(target.matrix)
+    target.bind(cells)
+    for command in (target.command(cells[0], dump_folder=tmp_path / "dump", seed_folder=tmp_path / "seed"),
+                    target.seed_command("llama3", tmp_path / "seed")):
+        assert "--dataloader.dataset_path" not in command.argv and "--hf_assets_path" in command.argv
+        assert json.loads(command.env["SIMPLEFSDP_CONFIG_SET"]) == {"dataloader.dataset_path": target.dataset}
+
+
+def test_what_the_installed_torchtitan_lacks_is_said_once_before_any_cell(fake_torchtitan, tmp_path):
+    """A torchtitan that moved an option into Python and a config module that cannot set it there: one error before
+    the first cell, naming the option, how many cells (and seed checkpoints) need it, and what was tested."""
+    (tmp_path / "titan_moved.py").write_text(grain_module(python_options=False))
+    path = tmp_path / "titan_moved.yaml"
+    path.write_text(MATRIX.format(module="titan_moved", compile="aot_fx_trace", backend="aot_eager")
+                    .replace("dp_shard: [2]", "dp_shard: [2, 4]").replace("world_sizes: [2]", "world_sizes: [2, 4]"))
+    target = make_target(load_matrix(path), tmp_path)
+    cells, _ = expand(target.matrix)
+    with pytest.raises(MatrixError) as e:
+        target.bind(cells)
+    msg = str(e.value)
+    assert msg.count("--dataloader.dataset_path") == 1, msg
+    assert "target: needs --dataloader.dataset_path, which torchtitan" in msg
+    assert f"({len(cells) + 1} of {len(cells) + 1}: " in msg and "seed checkpoint of llama3" in msg
+    assert "target titan03 was tested with torchtitan 0.3.0 and main up to b5bcd76c6 (2026-08-21)" in msg
+
+
+def test_the_shipped_config_module_sets_the_dataset_of_a_grain_config(monkeypatch, tmp_path):
+    """fixtures/titan03_configs.py on a stand-in of main's grain config: python_options names the dataset, and
+    $SIMPLEFSDP_CONFIG_SET points every file source of the config (training and validation) at our data."""
+    import importlib.util
+
+    from pytest_simplefsdp.paths import FIXTURES
+
+    namespace = {}
+    exec(compile(grain_module(python_options=False), "grain", "exec"), namespace)
+    spec = importlib.util.spec_from_file_location("configs_under_test", FIXTURES / "titan03_configs.py")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        pytest.skip(f"the config module needs torchtitan's graph_trainer: {e}")
+    job = namespace["Config"]()
+    assert module.python_options(job) == ["dataloader.dataset_path"]
+    monkeypatch.setenv("SIMPLEFSDP_CONFIG_SET", json.dumps({"dataloader.dataset_path": str(tmp_path / "c4")}))
+    wrapped = module._with_python_options(lambda: job)()
+    assert wrapped.dataloader.source.load_dataset_kwargs == {"data_files": str(tmp_path / "c4" / "data.json")}
+    assert job.dataloader.source.load_dataset_kwargs["data_files"] == "tests/assets/c4_test/data.json"  # a copy
+    assert module.python_options(namespace["Config"]()) == ["dataloader.dataset_path"]
+    old = FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR)
+    exec(compile(old, "old", "exec"), namespace)  # 0.3.0: the CLI option, nothing in Python
+    assert module.python_options(namespace["Config"]()) == []
 
 
 def test_a_literal_value_outside_the_choices_is_refused():
     options = Options({"compile.mode": ["aot_fx_trace", "None"]}, "torchtitan 9.9 (fake)")
     with pytest.raises(OptionError, match=r"--compile.mode jit: torchtitan 9.9 \(fake\) accepts aot_fx_trace, None"):
         options.spell([Flag("compile.mode", "jit", "axis compile=jit")])
-    assert options.spell([Flag("compile.mode", "None")]) == ["--compile.mode", "None"]
+    assert options.spell([Flag("compile.mode", "None")]).argv == ["--compile.mode", "None"]
 
 
 def test_walk_reads_nested_options_and_their_choices():
@@ -227,17 +309,23 @@ def test_walk_reads_nested_options_and_their_choices():
     assert walk(Outer()) == {"inner.mode": ["a", "b", "None"], "inner.count": None, "path": None}
 
 
-@pytest.mark.parametrize("installed, expected", [
-    ({"torchtitan": "0.3.0", "torch": "2.14.1"}, None),
-    ({"torchtitan": "0.3.0", "torch": "2.15.0.dev20261101"}, None),  # torchtitan main tracks the nightly
-    ({"torchtitan": "0.3.0", "torch": "2.13.0"},
+@pytest.mark.parametrize("installed, trainers, expected", [
+    ({"torchtitan": "0.3.0", "torch": "2.14.1"}, {"graph_trainer"}, None),
+    ({"torchtitan": "0.3.0", "torch": "2.15.0.dev20261101"}, {"graph_trainer"}, None),  # main tracks the nightly
+    # torchtitan main says 0.2.2 and ships graph_trainer: judged by what it ships, not by its version string
+    ({"torchtitan": "0.2.2", "torch": "2.14.1"}, {"graph_trainer"}, None),
+    ({"torchtitan": "0.3.0", "torch": "2.13.0"}, {"graph_trainer"},
      "target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed (torch 2.13.0, torchtitan 0.3.0)"),
-    ({"torchtitan": "0.2.0", "torch": "2.14.1"},
-     "target titan03 supports torchtitan >=0.3.0,<0.5, but torchtitan 0.2.0 is installed"),
-    ({"torch": "2.14.1"}, "torchtitan is not installed; target titan03 supports torchtitan >=0.3.0,<0.5"),
+    ({"torchtitan": "0.2.0", "torch": "2.14.1"}, {"simple_fsdp"},
+     "target titan03 needs a torchtitan that ships experiments/graph_trainer, which the installed torchtitan 0.2.0 "
+     "(torch 2.14.1) lacks; tested with torchtitan 0.3.0 and main up to b5bcd76c6"),
+    ({"torch": "2.14.1"}, set(), "torchtitan is not installed; target titan03 needs one that ships "
+                                 "experiments/graph_trainer"),
 ])
-def test_versions_outside_the_target_range_are_named(monkeypatch, tmp_path, installed, expected):
+def test_what_the_installed_torchtitan_ships_and_the_torch_range_decide(monkeypatch, tmp_path, installed, trainers,
+                                                                        expected):
     monkeypatch.setattr(targets, "installed", installed.get)
+    monkeypatch.setattr(targets, "torchtitan_trainers", lambda: trainers)
     matrix = tmp_path / "m.yaml"
     matrix.write_text(MATRIX.format(module="m", compile="eager", backend="aot_eager"))
     problem = make_target(load_matrix(matrix), tmp_path).check_installed()
@@ -260,6 +348,7 @@ def test_a_dry_run_without_the_targets_torchtitan_says_its_flags_are_unchecked(m
     from pytest_simplefsdp.paths import MATRIX_DIR
 
     monkeypatch.setattr(targets, "installed", {"torch": "2.14.1", "torchtitan": "0.3.0"}.get)
+    monkeypatch.setattr(targets, "torchtitan_trainers", lambda: {"graph_trainer"})
     target = make_target(load_matrix(MATRIX_DIR / "titan02-cpu.yaml"), MATRIX_DIR)
-    assert target.check_installed().startswith("target titan02 supports torchtitan >=0.2.0,<0.3")
+    assert target.check_installed().startswith("target titan02 needs a torchtitan that ships experiments/simple_fsdp")
     assert target.spelling == "torchtitan 0.2.0 option names, unchecked (this target's torchtitan is not installed)"

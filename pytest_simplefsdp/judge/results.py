@@ -11,7 +11,7 @@ import re
 import signal
 from dataclasses import asdict, dataclass, field, fields
 
-from ..kinds import FailureClass, Mutation, Status
+from ..kinds import FailureClass, GateClass, Mutation, Status
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 RANK_PREFIX = re.compile(r"(?m)^\[(?:rank|default)\d*\]: ?")  # torchrun's per-line prefix
@@ -43,7 +43,7 @@ FAULTHANDLER = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most re
 FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 # the typed fields of a result: a word outside its vocabulary is an error where it is set, not a wrong report
-TYPED = {"status": Status, "failure_class": FailureClass, "mutation": Mutation}
+TYPED = {"status": Status, "failure_class": FailureClass, "mutation": Mutation, "gate": GateClass}
 
 
 @dataclass
@@ -76,6 +76,8 @@ class CellResult:
     verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
     flaky: bool = False
     confirm: dict | None = None  # a new failure's confirming runs: {runs, passed, pass_rate, signatures}
+    gate: GateClass | None = None  # under --simplefsdp-base, a failure's class against the base (new fails the gate)
+    base: dict | None = None  # ... the cell on the base: {ref, commit, runs, passed, signatures, lines, folders}
     numerics: dict | None = None  # the comparison with the baseline (see numerics.compare)
     trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure

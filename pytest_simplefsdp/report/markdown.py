@@ -12,6 +12,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from . import gate
+
 from ..kinds import Status
 from .combos import failing_combinations
 from .compare import MARKS, key
@@ -50,6 +52,9 @@ def render_md(doc, base=None):
         out.extend(comparison_md(doc, changes))
     for line in doc.get("incidents") or ():
         out.extend([f"> launcher incident: {code(line)}", ""])
+    pr = gate.gate(doc)
+    if pr:
+        out.extend(gate.markdown(pr))
     for run in doc["runs"]:
         meta = run["meta"]
         if meta.get("tier") not in (None, "real"):

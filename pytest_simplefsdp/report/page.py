@@ -16,6 +16,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ..kinds import Status
+from . import gate
 from .combos import failing_combinations
 from .compare import MARKS, key
 from .markdown import LEGEND, model_grid
@@ -83,6 +84,7 @@ def render(doc, folder: Path, inline=False) -> str:
                                        for f in FILTERS) + "</nav>")
     out.extend(f"<p class='incident'><b>launcher incident:</b> <code>{_e(line)}</code></p>"
                for line in doc.get("incidents") or ())
+    out.extend(_gate(doc))
     out.extend(_failures(cells, link))
     out.extend(_changes(doc))
     for run in runs:
@@ -94,6 +96,20 @@ def render(doc, folder: Path, inline=False) -> str:
     out.extend(_details(rec, link, image) for _, rec in cells)
     out.append("</ul></body></html>")
     return "\n".join(out) + "\n"
+
+
+def _gate(doc):
+    """--simplefsdp-base: the PR's failures as new, broken trunk, flaky or known, both sides' signatures."""
+    pr = gate.gate(doc)
+    if pr is None:
+        return []
+    out = [f"<h2 id='gate'>{_e(gate.headline(pr))}</h2><ul>"]
+    out += [f"<li><b>{_e(c)}</b>: {_e(m)}</li>" for c, m in gate.MEANING.items()]
+    out.append("</ul>")
+    if pr["failures"]:
+        out.append(tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"),
+                            tablefmt="html"))
+    return out
 
 
 def _failures(cells, link):

@@ -20,6 +20,7 @@ from ..kinds import Status
 from ..machine import installed
 from ..report.page import main_log
 from ..versions.bisect import FAILS, OTHER, PASSES, UNTESTABLE, bisect, judge_runs, table
+from ..versions.git import GitError, short_sha
 from ..versions.sets import available_versions, cell_set, index_versions, order, wheel_versions
 
 # an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
@@ -113,7 +114,7 @@ class Bisector:
             if self.package == "torchtitan" and commit and self.settings.torchtitan_repo:
                 try:  # (the run's own cell is the probe of its commit: named as the list names it)
                     current = "@" + short_sha(self.settings.torchtitan_repo, current.lstrip("@"))
-                except subprocess.CalledProcessError:
+                except GitError:
                     pass
             item = Found(run, cell, rec, self.package)
             if rec.get("not_run"):  # no environment, not started: no behaviour of its own to bisect
@@ -122,7 +123,7 @@ class Bisector:
                 continue
             try:
                 versions = self.versions(current)
-            except (BisectError, OSError, subprocess.CalledProcessError) as e:
+            except (BisectError, OSError, GitError, subprocess.CalledProcessError) as e:
                 item.error = f"cannot bisect {cell.id}: {e}"
                 found.append(item)
                 continue
@@ -213,9 +214,3 @@ def commits(repo, spec) -> list[str]:
     listed = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "--first-parent", "--abbrev-commit",
                              "--abbrev=12", f"{good}..{bad}"], check=True, capture_output=True, text=True).stdout.split()
     return [short_sha(repo, good), *listed]
-
-
-def short_sha(repo, ref) -> str:
-    """A commit as the list of commits names it (12 hex digits), however the user wrote it."""
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", ref], check=True, capture_output=True,
-                          text=True).stdout.strip()

@@ -106,8 +106,10 @@ class CellItem(pytest.Item):
             self.user_properties.append(("error_line", str(result.error_line or "")))
             if result.failing_rank is not None:
                 self.user_properties.append(("failing_rank", str(result.failing_rank)))
+        if result.gate:
+            self.user_properties.append(("gate", str(result.gate)))
         if result.status == Status.XFAILED:
-            pytest.xfail(verdict.message)
+            pytest.xfail(result.verdict or verdict.message)
         if result.status == Status.XPASSED:
             self.xpass_reason = verdict.message
         if result.status == Status.FAILED:

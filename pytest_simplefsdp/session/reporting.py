@@ -13,11 +13,11 @@ from tabulate import tabulate
 from ..judge.known import load_known_failures
 from ..judge.results import CellResult
 from ..judge.update import update_file
-from ..kinds import KnownKind, RecordType, Status
+from ..kinds import GateClass, KnownKind, RecordType, Status
 from ..machine import versions
 from ..paths import KNOWN_FAILURES, PACKAGE
 from ..plots import walltime_plot
-from ..report import coverage, page
+from ..report import coverage, gate, page
 from ..report.compare import change_lines, compare_runs
 from ..report.markdown import render_md
 from ..report.tables import broken, render_text
@@ -66,6 +66,7 @@ class Reporter:
         for line in self.update_lines:
             tr.write_line(f"{self.update_path}: {line}")
         tr.write_line(render_text(doc))
+        self.gate_section(tr, doc)
         self.twin_section(tr, doc)
         self.bisect_section(tr, doc)
         if state.store.jsonl is not None:
@@ -92,6 +93,20 @@ class Reporter:
         if state.store.records and (self.settings.html or self.settings.status_md):
             doc["walltime_plot"] = walltime_plot(state.run_dir.resolve() / WALLTIME_PLOT, doc)
         return doc
+
+    def gate_section(self, tr, doc):
+        """--simplefsdp-base: every failure as new, broken trunk, flaky or known, with both sides' signatures."""
+        pr = gate.gate(doc)
+        if pr is None:
+            return
+        doc["gate"] = pr
+        tr.section(f"simplefsdp {gate.headline(pr)}", red=bool(pr["counts"][str(GateClass.NEW)]),
+                   green=not pr["counts"][str(GateClass.NEW)])
+        if pr["failures"]:
+            tr.write_line(tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"),
+                                   tablefmt="simple"))
+        tr.write_line("only new failures fail the gate; " + "; ".join(f"{c}: {m}" for c, m in gate.MEANING.items()
+                                                                       if c != GateClass.NEW))
 
     def twin_section(self, tr, doc):
         """--simplefsdp-twin: the cells whose verdict, signature or numerics differ between the two version sets."""

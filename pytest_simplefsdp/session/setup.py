@@ -12,15 +12,17 @@ from pathlib import Path
 import pytest
 
 from ..judge import mutants
+from ..judge.gate import Base
 from ..judge.known import could_apply, load_known_failures
 from ..kinds import Device, RecordType
 from ..launch.builtin import LAUNCHERS
-from ..machine import cuda_device_ids, installed
-from ..options import NEWEST
+from ..machine import cuda_device_ids, installed, source_checkout, vcs_commit
+from ..options import MERGE_BASE, NEWEST
 from ..paths import KNOWN_FAILURES, PACKAGE, cache_root
 from ..spec.matrix import SourceUnavailable
 from ..spec.profiles import MatrixRun, matrix_files, shipped, shipped_path
 from ..spec.upstream import UPSTREAM_AXES
+from ..versions.git import GitError, git, is_checkout, merge_base, short_sha
 from ..versions.sets import INSTALLED, available_versions, parse
 from ..store.runs import RunError, load_run
 from ..yamlio import MatrixError
@@ -151,6 +153,30 @@ def check_versions(s, runs) -> list[str]:
                                     f"its releases: {near}")
     return lines + [f"simplefsdp: version sets: {', '.join(sorted(labels))} (environments under "
                     f".simplefsdp/envs/, built with uv where none is kept)"] * bool(labels)
+
+
+def resolve_base(config, s):
+    """--simplefsdp-base: the commit failures are rerun on (judge.gate.Base), in the checkout it names: the
+    --simplefsdp-torchtitan-repo, else the one torchtitan is installed editable from, else the rootdir. None without
+    the option; a usage error for a ref that names no commit, or names the commit the installed torchtitan is."""
+    if not s.base:
+        return None
+    candidates = [s.torchtitan_repo, source_checkout("torchtitan"), config.rootpath]
+    repo = next((Path(c) for c in candidates if c is not None and is_checkout(c)), None)
+    if repo is None:
+        raise pytest.UsageError(f"--simplefsdp-base={s.base}: no torchtitan git checkout to take it from (tried "
+                                f"{', '.join(str(c) for c in candidates if c)}); run in your torchtitan checkout or "
+                                f"name it with --simplefsdp-torchtitan-repo=PATH")
+    try:
+        ref, commit = merge_base(repo) if s.base == MERGE_BASE else (s.base, short_sha(repo, s.base))
+    except GitError as e:
+        raise pytest.UsageError(f"--simplefsdp-base={s.base}: {e}") from None
+    running = vcs_commit("torchtitan") or (short_sha(repo, "HEAD") if source_checkout("torchtitan") == repo else None)
+    dirty = source_checkout("torchtitan") == repo and bool(git(repo, "status", "--porcelain", "--", "torchtitan"))
+    if running and running.startswith(commit) and not dirty:
+        raise pytest.UsageError(f"--simplefsdp-base={s.base}: {commit} is the commit the installed torchtitan runs "
+                                f"(nothing to compare with); name the PR's base")
+    return Base(ref, commit, str(repo))
 
 
 def cell_arguments(config):

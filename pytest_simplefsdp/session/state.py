@@ -12,16 +12,18 @@ import psutil
 import pytest
 
 from ..judge import mutants
+from ..judge.gate import classify
 from ..judge.known import signature
 from ..judge.results import CellResult
 from ..judge.verdict import apply
-from ..kinds import FailureClass, KnownKind, RecordType, Status
+from ..kinds import FailureClass, GateClass, KnownKind, RecordType, Status
 from ..launch.procs import kill_procs, session_leftovers
 from ..options import settings
 from ..run.baselines import Book, Unavailable
 from ..run.runner import CellRunner
 from ..store.results import ResultStore
 from ..versions.envs import Environments
+from ..versions.sets import cell_set
 from . import setup
 
 
@@ -44,7 +46,9 @@ class MatrixSession:
             if s.dry_run:
                 raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
         self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
-        self.envs = Environments(self.cache_dir / "envs", s.fresh, s.torchtitan_repo)  # one per version set
+        self.base = None if s.dry_run else setup.resolve_base(config, s)  # --simplefsdp-base: judge.gate.Base
+        repo = s.torchtitan_repo or (self.base and Path(self.base.repo))
+        self.envs = Environments(self.cache_dir / "envs", s.fresh, repo)  # one per version set
         self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks, self.envs)
         self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
         self.runs = setup.load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
@@ -56,8 +60,9 @@ class MatrixSession:
         self.known = setup.load_known(config, s, self.runs, self.cache_dir)
         self.runs_dirs = [self.cache_dir / "runs", *([s.artifacts.parent] if s.artifacts else [])]
         self.compared = setup.stored_run(s.compare, "compare", self.runs, self.runs_dirs)  # (what, run) or None
+        about = {**(self.known.about() if self.known else {}), **({"base": self.base.about()} if self.base else {})}
         self.store = ResultStore(self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name,
-                                 config.hook, config, about=self.known.about() if self.known else None)
+                                 config.hook, config, about=about)
         self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
         self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
 
@@ -108,7 +113,26 @@ class MatrixSession:
         verdict = apply(result, self.entries_for(run, cell), self.settings.gate, self.settings.update_known_failures)
         if result.status == Status.FAILED and result.failure_class and verdict.entry is None:
             self.confirm(run, cell, result)
+            if self.base is not None:
+                self.against_base(run, cell, result)
+        elif self.base is not None and verdict.entry is not None and result.status == Status.XFAILED:
+            result.gate = GateClass.KNOWN
         return result, verdict
+
+    def against_base(self, run, cell, result):
+        """--simplefsdp-base: a new failure run again on the base's torchtitan (--simplefsdp-confirm runs, each in
+        ``<cell>/base-<set>-<N>/``) and classified (judge.gate): only a new one stays a failure; broken trunk and
+        flaky become expected failures that say why. A flaky cell (its own runs disagree) is not run again."""
+        runs = []
+        if not result.flaky and not result.not_run:
+            vset = cell_set(cell.axes).with_pin("torchtitan", "@" + self.base.commit)
+            for n in range(1, self.settings.confirm + 1):
+                again = dataclasses.replace(cell, id=f"{cell.id}/base-{vset.slug()}-{n}",
+                                            axes={**cell.axes, "versions": vset.label()})
+                runs.append(self.run_and_check(run, again))
+        result.gate, result.verdict, result.base = classify(result, runs, self.base)
+        if result.gate != GateClass.NEW:
+            result.status = Status.XFAILED
 
     def confirm(self, run, cell, result):
         """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it

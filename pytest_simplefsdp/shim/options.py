@@ -1,6 +1,10 @@
 """Run in the ranks' Python (``python -m pytest_simplefsdp.shim.options [--module M --config C]``): the option table
-of the installed torchtitan's job config as JSON, dotted name -> its choices (None: any value). targets/flags.py
-reads it to spell every cell's flags the way that torchtitan takes them."""
+of the installed torchtitan's job config as JSON: ``cli``, dotted name -> its choices (None: any value), and
+``python``, the options the config module sets in Python where this torchtitan has no CLI option for them (the
+module's ``python_options(config)``; torchtitan main's grain dataloader takes its dataset only as a config object).
+targets/flags.py reads it to spell every cell's flags the way that torchtitan takes them.
+
+``SET_ENV`` is how those values reach the ranks: a JSON object {option: value} the config module applies."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import types
 import typing
 
 ANY = None  # an option whose values are not a fixed set
+SET_ENV = "SIMPLEFSDP_CONFIG_SET"  # JSON {option: value}: what the config module sets in Python (python_options)
 
 
 def _choices(annotation):
@@ -48,15 +53,16 @@ def walk(config, prefix="") -> dict:
 
 
 def load_config(module=None, config=None):
-    """The job config the trainer would start from: 0.3's config-registry function, or 0.2's JobConfig."""
+    """The job config the trainer would start from: 0.3's config-registry function, or 0.2's JobConfig; with the
+    module it came from (None for 0.2)."""
     if module is None:  # 0.2: the JobConfig, merged with a custom config module (``config``) as torchtitan does
         if config:
             from torchtitan.config.manager import ConfigManager
 
-            return ConfigManager().parse_args([f"--job.custom_config_module={config}"])
+            return None, ConfigManager().parse_args([f"--job.custom_config_module={config}"])
         from torchtitan.config.job_config import JobConfig
 
-        return JobConfig()
+        return None, JobConfig()
     candidates = [f"torchtitan.experiments.{module}.config_registry", f"torchtitan.models.{module}.config_registry",
                   f"{module}.config_registry", module]
     for name in candidates:
@@ -70,7 +76,14 @@ def load_config(module=None, config=None):
     fn = getattr(registry, config, None)
     if not callable(fn):
         raise SystemExit(f"{registry.__name__} has no config function {config!r}")
-    return fn()
+    return registry, fn()
+
+
+def table(module=None, config=None) -> dict:
+    """The option table of one job config: {"cli": {name: choices}, "python": [names]}."""
+    registry, job = load_config(module, config)
+    python = getattr(registry, "python_options", None)
+    return {"cli": walk(job), "python": sorted(python(job)) if callable(python) else []}
 
 
 def main(argv=None):
@@ -83,9 +96,9 @@ def main(argv=None):
                                        "(torch and torchtitan imported once)")
     args = parser.parse_args(argv)
     if args.many:
-        print(json.dumps([walk(load_config(m, c)) for m, c in json.loads(args.many)]))
+        print(json.dumps([table(m, c) for m, c in json.loads(args.many)]))
     else:
-        print(json.dumps(walk(load_config(args.module, args.config))))
+        print(json.dumps(table(args.module, args.config)))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ..kinds import RecordType
-from ..machine import cuda_device_ids, installed, machine, versions
+from ..machine import cuda_device_ids, installed, machine, torchtitan_trainers, versions
 from ..paths import MATRIX_DIR
 from .cells import cell_key, expand, id_parts
 from .matrix import load_matrix, with_tier, with_versions
@@ -48,7 +48,8 @@ def matrix_files(settings, rootdir) -> list[Path]:
         if name == "all":  # the upstream-sourced ones read their generation's installed tests: by name only
             out.extend(p for n, p in known.items() if not n.endswith("upstream"))
         elif name == "auto":  # the installed generation's profile for this machine
-            prefix = "titan02-" if installed("torchtitan").startswith("0.2.") else ""
+            # by what the installed torchtitan ships, not its version (torchtitan main says 0.2.2)
+            prefix = "" if "graph_trainer" in torchtitan_trainers() or not installed("torchtitan") else "titan02-"
             out.append(known[prefix + ("h100x8" if len(cuda_device_ids()) >= 8 else "cpu")])
         elif name in known:
             out.append(known[name])

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..kinds import Device, FailureClass, Mutation, RecordType, Status, Tier
+from ..kinds import Device, FailureClass, GateClass, Mutation, RecordType, Status, Tier
 
 
 class Record(BaseModel):
@@ -30,6 +30,7 @@ class CellRecord(Record):
     wall: float = 0.0
     log_dir: str = ""
     mutation: Mutation | None = None
+    gate: GateClass | None = None  # under --simplefsdp-base: new, broken trunk, flaky or known
 
 
 class DroppedRecord(Record):
@@ -64,6 +65,7 @@ class RunMeta(Record):
     tier: Tier = Tier.REAL
     columns: list[str] = []
     valid: list[Place] = []  # every valid cell's place, selected or not (older runs: none)
+    base: dict[str, str] | None = None  # under --simplefsdp-base: the base {ref, commit, repo} failures were rerun on
     known_failures: dict[str, str] | None = None  # {path, sha256} of the file that judged the run (older: none)
 
 

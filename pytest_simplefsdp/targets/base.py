@@ -13,7 +13,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..judge.evidence import check
-from ..machine import installed, source_checkout
+from ..machine import TRAINERS, installed, source_checkout, torchtitan_trainers
 from ..paths import FIXTURES, SHIM_DIR
 from ..spec.matrix import Matrix, MatrixError
 from ..spec.upstream import options, tokens
@@ -183,6 +183,8 @@ class TorchtitanTarget(Target):
     MODEL_OPTIONAL: tuple = ()
     DEGREE_FLAGS: dict = {}
     WRITTEN_AS = ""  # the torchtitan release whose option names the target writes
+    TRAINER = ""  # the SimpleFSDP trainer the target runs (machine.TRAINERS): what the installed torchtitan must ship
+    TESTED = ""  # the torchtitan versions and commits the target was tested with, for the lines that refuse one
     # where a generation keeps the run settings' options: seed, deterministic, the tokenizer, the dataset
     RUN_OPTIONS = {"seed": "", "deterministic": "", "tokenizer": "", "dataset": ""}
 
@@ -225,7 +227,16 @@ class TorchtitanTarget(Target):
                                   f"(target {self.name})")
 
     def check_installed(self):
-        """An error line when torchtitan or torch is missing or outside the supported range."""
+        """An error line when torchtitan is missing or lacks the target's trainer, or torch is outside the supported
+        range. torchtitan is judged by what it ships, not its version string (main says 0.2.2)."""
+        version = installed("torchtitan")
+        if not version:
+            return (f"torchtitan is not installed; target {self.name} needs one that ships {TRAINERS[self.TRAINER]} "
+                    f"(tested with {self.TESTED}; see README)")
+        if self.TRAINER not in torchtitan_trainers():
+            return (f"target {self.name} needs a torchtitan that ships {TRAINERS[self.TRAINER]}, which the installed "
+                    f"torchtitan {version} (torch {installed('torch')}) lacks; tested with {self.TESTED} (see README, "
+                    f"'Two commands for a fresh machine')")
         return next((p for p in (_unsupported(pkg, spec, self.name) for pkg, spec in self.SUPPORTS.items()) if p),
                     None)
 
@@ -244,18 +255,32 @@ class TorchtitanTarget(Target):
         return {self.job_config(c.axes) for c in cells}
 
     def bind(self, cells):
-        """Read the installed torchtitan's options for every job config the cells use, and spell every
-        cell's flags once, so a value it cannot express fails here, naming the axis and the option."""
+        """Read the installed torchtitan's options for every job config the cells use, and spell every cell's (and
+        seed checkpoint's) flags once: what the installed torchtitan cannot express stops the run here, in one
+        message naming every missing option, the cells that need it and what the target was tested with."""
         version = installed("torchtitan")
         env = shim_env(self.matrix.device, self.name)
         keys = sorted(self.job_configs(cells), key=str)
         origins = {(m, c): f"torchtitan {version} ({f'{m}.{c}' if m else 'JobConfig'})" for m, c in keys}
         self.options.update(read_options(keys, env, origins))
-        for cell in cells:
+        missing = {}  # (option, what asked for it) -> [the error, the cells (or seeds) that need it]
+        jobs = [(cell.id, lambda c=cell: self.spell(c.axes, self.flags(c, Path("dump"), Path("seed"))))
+                for cell in cells]
+        if self.matrix.numerics:
+            jobs += [(f"seed checkpoint of {m}", lambda m=m: self.seed_command(m, Path("seed")))
+                     for m in sorted({c.axes["model"] for c in cells})]
+        for name, spell in jobs:
             try:
-                self.spell(cell.axes, self.flags(cell, Path("dump"), Path("seed")))
+                spell()
             except OptionError as e:
-                raise MatrixError(f"{cell.where}: cell {cell.id}: {e.flag.source}: {e}") from None
+                missing.setdefault((e.flag.name, e.flag.source), [str(e), []])[1].append(name)
+        if missing:
+            lines = [f"  {source}: {error} ({len(names)} of {len(jobs)}: {', '.join(names[:3])}"
+                     f"{', ...' if len(names) > 3 else ''})" for (_, source), (error, names) in missing.items()]
+            raise MatrixError(f"{self.matrix.where('target')}: the installed torchtitan {version} cannot run what "
+                              f"{self.matrix.path.name} asks for; before any cell:\n" + "\n".join(lines)
+                              + f"\ntarget {self.name} was tested with {self.TESTED}: a newer torchtitan may have "
+                                f"moved these options (see README, 'Following torchtitan main')")
 
     def spell(self, axes, flags):
         options = self.options_for(axes)

@@ -27,7 +27,7 @@ from typing import Callable
 from ..machine import installed
 from ..paths import PACKAGE, cache_root
 from ..shim import options as probe
-from ..shim.options import ANY
+from ..shim.options import ANY, SET_ENV
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,18 @@ class OptionError(Exception):
 
 
 @dataclass(frozen=True)
+class Spelled:
+    """A cell's flags as the installed torchtitan takes them: on its command line, and in Python through the config
+    module (the options it has no CLI option for: Options.python), passed to the ranks as ``SET_ENV``."""
+
+    argv: list
+    python: dict
+
+    def env(self) -> dict:
+        return {SET_ENV: json.dumps(self.python, sort_keys=True)} if self.python else {}
+
+
+@dataclass(frozen=True)
 class Options:
     """The options one torchtitan job config accepts: dotted name -> its choices (None: any value)."""
 
@@ -82,16 +94,26 @@ class Options:
     # False for a version set's torchtitan: a flag it has no spelling of goes as written, and torchtitan's own
     # refusal is the cell's outcome on that version (a behaviour a bisection can find), not a collection error
     strict: bool = True
+    # what the config module sets in Python where this torchtitan has no CLI option (shim.options.table)
+    python: frozenset = frozenset()
 
-    def spell(self, flags: list[Flag]) -> list[str]:
-        """argv for the flags; raises OptionError for one this torchtitan has no spelling of."""
+    @classmethod
+    def from_table(cls, table: dict, origin: str):
+        return cls(table["cli"], origin, python=frozenset(table.get("python", ())))
+
+    def spell(self, flags: list[Flag]) -> Spelled:
+        """argv (and Python-set values) for the flags; raises OptionError for one this torchtitan has no spelling
+        of."""
         by_name = {f.name: f for f in flags}
-        argv = []
+        argv, python = [], {}
         for flag in flags:
             name, value = flag.name, flag.value
             if name not in self.names and name in RENAMES and RENAMES[name].new in self.names:
                 rename = RENAMES[name]
                 name, value = rename.new, rename.convert(value, by_name)
+            if name not in self.names and name in self.python:
+                python[name] = str(value) if isinstance(value, Path) else value
+                continue
             if name not in self.names and not self.strict:
                 argv += _argv(name, value)
                 continue
@@ -101,12 +123,12 @@ class Options:
             if choices is not ANY and value is not True and str(value) not in choices and self.strict:
                 raise OptionError(flag, f"--{name} {value}: {self.origin} accepts {', '.join(choices)}")
             argv += _argv(name, value)
-        return argv
+        return Spelled(argv, python)
 
 
-def unchecked(flags: list[Flag]) -> list[str]:
+def unchecked(flags: list[Flag]) -> Spelled:
     """argv as the target wrote it, for a dry run where the target's torchtitan is not installed."""
-    return [a for f in flags for a in _argv(f.name, f.value)]
+    return Spelled([a for f in flags for a in _argv(f.name, f.value)], {})
 
 
 def _argv(name, value):
@@ -143,7 +165,7 @@ def read_options(pairs, env: dict, origins: dict, python: str | None = None) -> 
     for module, config in pairs:
         cached = cache_root() / "options" / f"{_cache_key(python, module, config, full_env)}.json"
         if cached.exists():
-            out[module, config] = Options(json.loads(cached.read_text()), origins[module, config])
+            out[module, config] = Options.from_table(json.loads(cached.read_text()), origins[module, config])
         else:
             missing[module, config] = cached
     if not missing:
@@ -161,5 +183,5 @@ def read_options(pairs, env: dict, origins: dict, python: str | None = None) -> 
         part = cached.with_suffix(f".{os.getpid()}.part")
         part.write_text(json.dumps(names))
         os.replace(part, cached)
-        out[key] = Options(names, origins[key])
+        out[key] = Options.from_table(names, origins[key])
     return out

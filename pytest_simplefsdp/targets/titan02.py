@@ -23,11 +23,13 @@ class Titan02(TorchtitanTarget):
 
     name = "titan02"
     WRITTEN_AS = "0.2.0"
+    TRAINER = "simple_fsdp"
+    TESTED = "torchtitan 0.2.0"
     RUN_OPTIONS = {"seed": "training.seed", "deterministic": "training.deterministic",  # (0.3 moved these)
                    "tokenizer": "model.hf_assets_path", "dataset": "training.dataset_path"}
     # torchtitan 0.2.0 (2025-10-18) was tested on the torch nightly of its day, which 2.9.x predates (its
     # code needs dynamo's DeviceMesh.mesh_dim_names, pytorch PR 164200): 2.10 is the nearest release
-    SUPPORTS = {"torchtitan": ">=0.2.0,<0.3", "torch": ">=2.10,<2.11"}
+    SUPPORTS = {"torch": ">=2.10,<2.11"}  # (torchtitan: judged by what it ships, TRAINER)
     AXES = {
         "model": ("llama3", "deepseek_v3"),
         "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "etp": int, "cp": int, "pp": int,
@@ -79,7 +81,7 @@ class Titan02(TorchtitanTarget):
         return merged(flags + ours + self.feature_flags(a, run))
 
     def command(self, cell, dump_folder: Path, run=0, **_):
-        args = [*self.spell(cell.axes, self.flags(cell, dump_folder, run=run)),
+        args = [*self.spell(cell.axes, self.flags(cell, dump_folder, run=run)).argv,
                 *map(str, self.matrix.settings.get("extra_args", []))]
         env = shim_env(self.matrix.device, self.name)
         if cell.axes.get("compile") == "compiled":

@@ -25,6 +25,10 @@ from step --at-step on, --rank breaks one:
   norecord     it records nothing (its probe did not run)
 Versions (a version set's environment, where "torch" may be a stand-in wheel): --breaks-from V fails --rank at
 --at-step from torch V on; --fixed-from V fails it before torch V (a fix); --other-at V fails it with another error on torch V; --flaky-at V fails every second run.
+--torchtitan-says: where the environment's "torchtitan" (a stand-in package of a fake git checkout) has a file
+broken.txt, it decides the mode: a line `MODE` fails that mode as `fail` does, `MODE other` with another error,
+`MODE flaky` every second run; a mode it does not list passes. Without that file (the torchtitan pytest runs with:
+the pull request's side), the file $FAKE_TORCHTITAN_SAYS decides, where it is set; else the mode acts as given.
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
 shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
 recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
@@ -69,7 +73,15 @@ def main():
     p.add_argument("--other-at", default=None, help="on exactly this torch version, --rank raises another error")
     p.add_argument("--flaky-at", default=None, help="on exactly this torch version, every second run fails (a file "
                                                     "beside the dump folders counts them)")
+    p.add_argument("--torchtitan-says", action="store_true", help="the stand-in torchtitan's broken.txt decides "
+                                                                   "the mode (see above)")
     a = p.parse_args()
+    if a.torchtitan_says:
+        said = torchtitan_says(a.mode)
+        if said is not None:
+            a.mode = "pass" if said == "pass" or (said == "flaky" and not said_turn(a.mode)) else "fail"
+            if said == "other":
+                a.error = "ValueError: another fake error on the base"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     folder = os.path.join(a.dump, "barrier")
     os.makedirs(folder, exist_ok=True)
@@ -126,9 +138,9 @@ def main():
             raise RuntimeError(f"fake regression: broken since torch {a.breaks_from}")
         if me and a.fixed_from and older(a.fixed_from, torch):
             raise RuntimeError(f"fake bug: fixed in torch {a.fixed_from}")
-        if me and a.other_at == torch:
+        if me and a.other_at is not None and a.other_at == torch:
             raise ValueError(f"another fake error on torch {torch}")
-        if me and a.flaky_at == torch and flaky_turn(a.dump):
+        if me and a.flaky_at is not None and a.flaky_at == torch and flaky_turn(a.dump):
             raise RuntimeError(f"fake regression: broken since torch {a.breaks_from}")
         if a.mode == "failignore" and rank == 0 and step == a.at_step:
             raise RuntimeError("fake failure on purpose")
@@ -177,6 +189,36 @@ def main():
     with open(os.path.join(a.dump, f"times.rank{rank}"), "w") as f:  # for the packing tests
         f.write(f"{started} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
     return 0
+
+
+def torchtitan_says(mode):
+    """What the environment's stand-in torchtitan says of ``mode``: pass, fail, other or flaky; None where it says
+    nothing (no broken.txt beside its package: found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")
+    folder = list(spec.submodule_search_locations or [])[0] if spec and spec.submodule_search_locations else None
+    path = os.path.join(folder, "broken.txt") if folder else None
+    if not path or not os.path.exists(path):
+        path = os.environ.get("FAKE_TORCHTITAN_SAYS")
+    if not path or not os.path.exists(path):
+        return None
+    SAYS[0] = path
+    said = dict((line.split() + ["fail"])[:2] for line in open(path).read().splitlines() if line.strip())
+    return said.get(mode, "pass")
+
+
+def said_turn(mode):
+    """`MODE flaky`: every second run of the mode fails (rank 1 counts, in a file beside the says file)."""
+    if os.environ["RANK"] != "1":
+        return False
+    counter = f"{SAYS[0]}.{mode}.count"
+    n = int(open(counter).read()) if os.path.exists(counter) else 0
+    open(counter, "w").write(str(n + 1))
+    return n % 2 == 0
+
+
+SAYS = [""]  # the file torchtitan_says read
 
 
 def installed_version(package):

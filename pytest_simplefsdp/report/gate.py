@@ -1,0 +1,67 @@
+"""Step 7 for a pull request (--simplefsdp-base): the failures sorted as Dr. CI sorts them (judge.gate), with both
+sides' signatures, for the terminal, the JSON document, the status markdown and the page. Rendered from records."""
+
+from __future__ import annotations
+
+from ..kinds import GateClass, RecordType
+
+ORDER = (GateClass.NEW, GateClass.BROKEN_TRUNK, GateClass.FLAKY, GateClass.KNOWN)
+MEANING = {
+    GateClass.NEW: "fails here, passes on the base (or fails there differently): this PR broke it; fails the gate",
+    GateClass.BROKEN_TRUNK: "fails on the base too, with the same signature: not this PR's doing",
+    GateClass.FLAKY: "its runs disagree: not gated",
+    GateClass.KNOWN: "a known-failures entry expects it",
+}
+
+
+def gate(doc: dict) -> dict | None:
+    """{base, counts, failures: [{cell, class, here, base, verdict}]} of a run under --simplefsdp-base, else None."""
+    base = next((r["meta"].get("base") for r in doc["runs"] if r["meta"].get("base")), None)
+    if not base:
+        return None
+    failures = []
+    for run_doc in doc["runs"]:
+        for rec in run_doc["cells"]:
+            if rec.get("gate") and rec.get("type", RecordType.CELL) == RecordType.CELL:
+                other = rec.get("base") or {}
+                if rec["gate"] == GateClass.KNOWN:
+                    theirs = "not rerun"
+                elif not other.get("runs"):
+                    theirs = "not rerun" if not other.get("not_run") else f"did not run: {'; '.join(other['not_run'])}"
+                elif other.get("passed") == other.get("runs"):
+                    theirs = f"passed {other['runs']} of {other['runs']}"
+                else:
+                    theirs = (f"failed {other['runs'] - other['passed']} of {other['runs']}: "
+                              + "; ".join(other.get("signatures") or []))
+                failures.append({"cell": f"{run_doc['meta']['profile']}::{rec['id']}", "class": rec["gate"],
+                                 "here": rec.get("signature") or rec.get("error_line") or "", "base": theirs,
+                                 "verdict": rec.get("verdict", "")})
+    failures.sort(key=lambda f: (ORDER.index(GateClass(f["class"])), f["cell"]))
+    counts = {str(c): sum(1 for f in failures if f["class"] == c) for c in ORDER}
+    return {"base": base, "counts": counts, "failures": failures}
+
+
+def headline(g: dict) -> str:
+    counts = ", ".join(f"{n} {c}" for c, n in g["counts"].items())
+    return f"PR gate against base {g['base']['ref']} ({g['base']['commit']}): {counts}"
+
+
+def rows(g: dict) -> list[tuple]:
+    """(cell, class, signature here, the base's outcome) per failure, new ones first."""
+    return [(f["cell"], f["class"], short(f["here"]), short(f["base"])) for f in g["failures"]]
+
+
+def short(text: str, width=90) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def markdown(g: dict) -> list[str]:
+    """The status markdown's section: headline, what each class means, the table."""
+    lines = [f"### {headline(g)}", ""]
+    lines += [f"- **{c}**: {MEANING[GateClass(c)]}" for c in g["counts"]]
+    if g["failures"]:
+        lines += ["", "| cell | class | signature here | on the base |", "|---|---|---|---|"]
+        lines += [f"| `{f['cell']}` | {f['class']} | `{short(f['here']).replace('|', '/')}` | "
+                  f"{short(f['base']).replace('|', '/')} |" for f in g["failures"]]
+    return lines + [""]

@@ -1,0 +1,121 @@
+"""Gating a torchtitan pull request against its base (--simplefsdp-base), on fake ranks: the base is a commit of a
+fake torchtitan git checkout whose stand-in package says (broken.txt) which modes fail there; the PR's side is the
+torchtitan pytest runs with, told by $FAKE_TORCHTITAN_SAYS. uv builds the base's environment from the checkout,
+offline (uv's own build backend), and keeps it per commit."""
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from helpers import cells_of, fake_matrix
+
+pytestmark = pytest.mark.fake
+
+GIT = ["git", "-c", "user.email=gate@test", "-c", "user.name=gate", "-c", "init.defaultBranch=main"]
+
+
+def commit(repo, broken: str, message: str) -> str:
+    (repo / "torchtitan" / "broken.txt").write_text(broken)
+    subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True, capture_output=True)
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qm", message], check=True, capture_output=True)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def titan_repo(tmp_path, monkeypatch):
+    """A fake torchtitan checkout: `main` (the base: mode `trunk` fails there, `differs` fails otherwise, `flaky`
+    every second run) and the branch `pr` one commit on, checked out."""
+    if shutil.which("uv") is None and not os.path.exists(os.path.join(os.path.dirname(os.sys.executable), "uv")):
+        pytest.skip("uv is not installed (pip install uv; tox installs it)")
+    repo = tmp_path / "torchtitan-checkout"
+    (repo / "torchtitan").mkdir(parents=True)
+    (repo / "torchtitan" / "__init__.py").write_text("")
+    (repo / "pyproject.toml").write_text(textwrap.dedent("""\
+        [project]
+        name = "torchtitan"
+        version = "0.2.2"
+        [build-system]
+        requires = ["uv_build>=0.8,<1"]
+        build-backend = "uv_build"
+        [tool.uv.build-backend]
+        module-root = ""
+        """))
+    subprocess.run([*GIT, "init", "-q", str(repo)], check=True)
+    base = commit(repo, "trunk\ndiffers other\n", "the base")
+    subprocess.run([*GIT, "-C", str(repo), "checkout", "-qb", "pr"], check=True)
+    commit(repo, "", "the pull request")
+    monkeypatch.setenv("UV_NO_INDEX", "1")  # (offline: uv's own build backend needs no index)
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    return repo, base
+
+
+def pr_matrix(pr_says, modes):
+    text = fake_matrix(modes=modes, args=', "--torchtitan-says"')
+    return text.replace("target:\n", f"target:\n  env: {{FAKE_TORCHTITAN_SAYS: \"{pr_says}\"}}\n")
+
+
+KNOWN = ("- id: known-one\n  when: {mode: known}\n  error: 'fake failure'\n  kind: xfail\n"
+         "  link: https://github.com/pytorch/torchtitan/issues/1\n  reason: a known bug\n")
+
+
+def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run_matrix, pytester, titan_repo):
+    repo, base = titan_repo
+    says = pytester.path / "pr-says.txt"  # what fails on the PR
+    says.write_text("fail\ntrunk\ndiffers\nflaky flaky\nknown\n")
+    kf = pytester.path / "kf.yaml"
+    kf.write_text(KNOWN)
+    out, md = pytester.path / "run.json", pytester.path / "status.md"
+    result = run_matrix(pr_matrix(says, ["pass", "fail", "trunk", "differs", "flaky", "known"]), "--simplefsdp-base",
+                        f"--simplefsdp-torchtitan-repo={repo}", "--simplefsdp-confirm=2", f"--simplefsdp-json={out}",
+                        f"--simplefsdp-known-failures={kf}", f"--simplefsdp-status-md={md}", "-rA")
+    result.assert_outcomes(passed=1, failed=2, xfailed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    cells = cells_of(out)
+    assert {c["id"].split("-r2")[0]: c.get("gate") for c in cells.values()} == {
+        "pass": None, "fail": "new", "trunk": "broken trunk", "differs": "new", "flaky": "flaky", "known": "known"}
+    assert cells["fail-r2"]["base"]["passed"] == 2 and cells["fail-r2"]["base"]["commit"] == base
+    assert cells["trunk-r2"]["base"]["signatures"] == [cells["trunk-r2"]["signature"]]
+    assert cells["differs-r2"]["base"]["signatures"] == ["ValueError: another fake error on the base"]
+    assert cells["flaky-r2"]["base"]["runs"] == 0  # its own runs disagreed: not run on the base
+    assert "base" not in cells["pass-r2"] or cells["pass-r2"]["base"] is None  # passing cells are not rerun
+    ref = f"merge-base(HEAD, main) ({base})"
+    result.stdout.fnmatch_lines([f"*simplefsdp PR gate against base {ref}: 2 new, 1 broken trunk, 1 flaky, 1 known*",
+                                 "*fake::differs-r2*new*RuntimeError: fake failure on purpose*failed 2 of 2: "
+                                 "ValueError: another fake error on the base*",
+                                 "*fake::fail-r2*new*passed 2 of 2*",
+                                 "*fake::trunk-r2*broken trunk*failed 2 of 2: RuntimeError: fake failure*"])
+    result.stdout.fnmatch_lines([f"XFAIL*trunk-r2*broken trunk: fails on base {ref} too, with the same signature*"])
+    doc = json.loads(out.read_text())
+    assert doc["gate"]["counts"] == {"new": 2, "broken trunk": 1, "flaky": 1, "known": 1}
+    assert doc["runs"][0]["meta"]["base"] == {"ref": "merge-base(HEAD, main)", "commit": base, "repo": str(repo)}
+    text = md.read_text()
+    assert f"### PR gate against base {ref}: 2 new" in text and "| `fake::trunk-r2` | broken trunk |" in text
+    envs = list((pytester.path / ".simplefsdp" / "envs").glob(f"torchtitan-{base}-*"))
+    assert len(envs) == 1  # one environment for the base, kept by its content key
+    again = run_matrix(pr_matrix(says, ["trunk", "known"]), f"--simplefsdp-base={base}",
+                       f"--simplefsdp-torchtitan-repo={repo}", f"--simplefsdp-known-failures={kf}")
+    again.assert_outcomes(xfailed=2)  # nothing new: the gate passes
+    assert again.ret == pytest.ExitCode.OK
+    assert list((pytester.path / ".simplefsdp" / "envs").glob(f"torchtitan-{base}-*")) == envs  # kept, not rebuilt
+
+
+def test_a_bad_base_is_a_usage_error_before_any_cell(run_matrix, pytester, titan_repo):
+    repo, _ = titan_repo
+    says = pytester.path / "pr-says.txt"
+    says.write_text("fail\n")
+    result = run_matrix(pr_matrix(says, ["fail"]), "--simplefsdp-base=no-such-ref",
+                        f"--simplefsdp-torchtitan-repo={repo}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--simplefsdp-base=no-such-ref: git rev-parse*no-such-ref*"])
+    assert not (pytester.path / "runs").exists()
+    twin = run_matrix(pr_matrix(says, ["fail"]), "--simplefsdp-base", "--simplefsdp-twin=torch==2.15.0")
+    assert twin.ret == pytest.ExitCode.USAGE_ERROR
+    twin.stderr.fnmatch_lines(["*--simplefsdp-base reruns failures on the base's torchtitan*"])
+    nowhere = run_matrix(pr_matrix(says, ["fail"]), "--simplefsdp-base")
+    assert nowhere.ret == pytest.ExitCode.USAGE_ERROR
+    nowhere.stderr.fnmatch_lines(["*--simplefsdp-base=merge-base: no torchtitan git checkout to take it from*"])
