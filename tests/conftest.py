@@ -14,6 +14,7 @@ TIERS = {
     "fake": "fake ranks: pytest runs of small fake targets (the harness end to end)",
     "real": "real torchtitan cells on CPU (minutes each)",
     "slurm": "through a real single-node SLURM (tests/slurm/up.sh)",
+    "main": "torchtitan main, the head of the bundle of its newest commits (tox -e main)",
     "e2e": "long real comparisons and the benchmarks run as tests: tox -e e2e (not in .ci/run)",
 }
 

@@ -168,3 +168,31 @@ def fake_wheel(folder, name, version, body=""):
         for name_, text in {**files, f"{info}/RECORD": "\n".join(record) + "\n"}.items():
             z.writestr(name_, text)
     return path
+
+
+GIT = ["git", "-c", "user.email=tests@pytest-simplefsdp", "-c", "user.name=pytest-simplefsdp tests"]
+
+# bugs planted into torchtitan main (the bundle's commits) by the main tier and the bisection demonstration:
+# (file, the line they go after, the lines, what the commit says)
+PLANT_EP = ("torchtitan/experiments/graph_trainer/deepseek_v3/parallelize.py", "    annotate_deepseekv3(model)\n",
+            "    if parallel_dims.ep > 1:\n        raise RuntimeError('planted: expert parallelism refused')\n",
+            "planted: graph_trainer deepseek_v3 refuses EP")
+PLANT_TRACE = ("torchtitan/experiments/graph_trainer/llama3/parallelize.py", "    annotate_llama(model)\n",
+               "    if compile_config.mode == 'aot_fx_trace':\n"
+               "        raise RuntimeError('planted: aot_fx_trace refused for llama3')\n",
+               "planted: graph_trainer llama3 refuses aot_fx_trace")
+
+
+def plant(repo, bug, branch=None) -> str:
+    """Commit ``bug`` (a PLANT_* tuple) into a torchtitan checkout (on a new ``branch`` from HEAD, where given);
+    returns the new commit (12 hex digits)."""
+    path, anchor, code, message = bug
+    if branch:
+        subprocess.run([*GIT, "-C", str(repo), "checkout", "-qb", branch], check=True)
+    file = Path(repo) / path
+    text = file.read_text()
+    assert anchor in text, f"{path}: the line to plant after is gone: {anchor!r}"
+    file.write_text(text.replace(anchor, anchor + code, 1))
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", message], check=True)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()

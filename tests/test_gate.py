@@ -11,11 +11,9 @@ import textwrap
 
 import pytest
 
-from helpers import cells_of, fake_matrix
+from helpers import GIT, cells_of, fake_matrix
 
 pytestmark = pytest.mark.fake
-
-GIT = ["git", "-c", "user.email=gate@test", "-c", "user.name=gate", "-c", "init.defaultBranch=main"]
 
 
 def commit(repo, broken: str, message: str) -> str:
@@ -45,7 +43,7 @@ def titan_repo(tmp_path, monkeypatch):
         [tool.uv.build-backend]
         module-root = ""
         """))
-    subprocess.run([*GIT, "init", "-q", str(repo)], check=True)
+    subprocess.run([*GIT, "init", "-q", "-b", "main", str(repo)], check=True)
     base = commit(repo, "trunk\ndiffers other\n", "the base")
     subprocess.run([*GIT, "-C", str(repo), "checkout", "-qb", "pr"], check=True)
     commit(repo, "", "the pull request")

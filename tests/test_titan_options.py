@@ -165,6 +165,29 @@ def test_renamed_options_are_spelled_and_converted_to_tokens(fake_torchtitan, tm
     assert "--checkpoint.create_seed_checkpoint" in seed and "--dump_folder" in seed
 
 
+def test_a_pp_cell_on_main_gets_as_many_microbatches_as_on_0_3_0(tmp_path, monkeypatch):
+    """PR 4121 counts pipeline microbatches (default: one) where 0.3.0 sized them (default: one sequence): a PP cell
+    writes 0.3.0's size out, and main gets local batch / size microbatches of that many sequences' tokens each."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    configs = FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR).replace(
+        '    pipeline_parallel_schedule: str = "1F1B"\n',
+        '    pipeline_parallel_schedule: str = "1F1B"\n    num_pp_microbatches: int = 1\n')
+    (tmp_path / "titan_pp.py").write_text(configs)
+    path = tmp_path / "titan_pp.yaml"
+    path.write_text(MATRIX.format(module="titan_pp", compile="aot_fx_trace", backend="aot_eager")
+                    .replace("degrees: [dp_shard]", "degrees: [dp_shard, pp]")
+                    .replace("  dp_shard: [2]\n", "  dp_shard: [1]\n  pp: [2]\n  pp_schedule: [Interleaved1F1B]\n")
+                    .replace("match: [{dp_shard: 2}]", "match: [{pp: 2}]"))
+    target = make_target(load_matrix(path), tmp_path)
+    cells, _ = expand(target.matrix)
+    target.bind(cells)
+    argv = " ".join(argv_of(target, cells[0], tmp_path))
+    assert "--parallelism.num_pp_microbatches 8" in argv  # global batch 8 on one dp rank, microbatches of 1
+    assert "--training.num_tokens_per_microbatch_per_dp_rank 256" in argv  # one microbatch: one sequence of 256
+    assert "--training.num_tokens_per_train_step 2048" in argv and "pipeline_parallel_microbatch_size" not in argv
+
+
 def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan, tmp_path):
     """A version set whose environment is built (here: a Python that sees the renamed config of PR 4121) spells
     its cells with that torchtitan's names; the installed versions' cells keep the installed names."""

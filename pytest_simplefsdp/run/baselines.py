@@ -185,7 +185,9 @@ class Book:
 
     @staticmethod
     def _base_cell(run, base_axes):
-        return Cell("baseline-" + cell_id(run.matrix, base_axes), base_axes, world_size(run.matrix, base_axes))
+        # what a target adds beyond the matrix's axes (titan03: a PP cell's microbatch size) is in the id too
+        extra = "".join(f"-{k}{value_id(v)}" for k, v in base_axes.items() if k not in run.matrix.axes)
+        return Cell("baseline-" + cell_id(run.matrix, base_axes) + extra, base_axes, world_size(run.matrix, base_axes))
 
     def baseline_key(self, run, cell, seed):
         """The content key of a baseline job (its command with placeholder folders; the seed's folder names

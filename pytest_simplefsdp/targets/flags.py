@@ -49,14 +49,23 @@ class Rename:
     why: str
 
 
+MICROBATCH = "parallelism.pipeline_parallel_microbatch_size"
+
+
 def _tokens(value, flags):
     return int(value) * int(flags["training.seq_len"].value)
 
 
+def _microbatch_tokens(value, flags):
+    """A local batch (sequences per dp rank) as main's tokens per microbatch: under PP (a microbatch size given) one
+    pipeline microbatch's sequences, since main's local batch is num_pp_microbatches of them."""
+    return _tokens(flags[MICROBATCH].value if MICROBATCH in flags else value, flags)
+
+
 RENAMES = {r.old: r for r in (
     Rename("training.seq_len", "training.max_context_length", lambda v, f: v, "torchtitan PR 4121"),
-    Rename("training.local_batch_size", "training.num_tokens_per_microbatch_per_dp_rank", _tokens,
-           "torchtitan PR 4121: batches counted in tokens (local batch x seq_len)"),
+    Rename("training.local_batch_size", "training.num_tokens_per_microbatch_per_dp_rank", _microbatch_tokens,
+           "torchtitan PR 4121: batches counted in tokens (local batch x seq_len; under PP, one microbatch's)"),
     Rename("training.global_batch_size", "training.num_tokens_per_train_step", _tokens,
            "torchtitan PR 4121: batches counted in tokens (global batch x seq_len)"),
     Rename("parallelism.pipeline_parallel_microbatch_size", "parallelism.num_pp_microbatches",

@@ -13,7 +13,7 @@ from ..spec.matrix import MatrixError
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
 from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
-from .flags import Flag
+from .flags import MICROBATCH, Flag
 
 
 class Titan03(TorchtitanTarget):
@@ -144,12 +144,16 @@ class Titan03(TorchtitanTarget):
         if self.upstream_test(a):
             return self.upstream_flags(cell, dump_folder, run)
         flags = [*self.degree_flags(a), *self.compile_flags(a)]
+        if a.get("pp", 1) > 1:  # 0.3.0's default, written out: main counts microbatches instead (PR 4121: its
+            # default is one microbatch, which no two-stage schedule takes), and converts this to as many as 0.3.0 ran
+            flags.append(Flag(MICROBATCH, 1, "target (torchtitan 0.3.0's default microbatch size)"))
         if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
             flags.append(Flag("training.disable_cuda_graphs", True, "target"))
         local_batch = s.get("local_batch_size", 2)
         if self.matrix.numerics:  # comparable runs: one global batch, one seed checkpoint
             gbs = self.matrix.numerics.global_batch_size
             local_batch = max(1, gbs // (a.get("dp_replicate", 1) * a.get("dp_shard", 1)))
+            local_batch = a.get("pp_microbatch", local_batch)  # a PP cell's baseline: its microbatches (baseline_axes)
             flags += [Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
                       Flag("metrics.enable_tensorboard", True, "numerics")]
             if seed_folder is not None and self.runs(cell) == 1:  # (a resumed cell loads its own checkpoint)
@@ -170,6 +174,10 @@ class Titan03(TorchtitanTarget):
         base["dp_shard"] = axes.get("dp_replicate", 1) * axes.get("dp_shard", 1)
         if "pp_schedule" in base:
             base["pp_schedule"] = "none"
+        if axes.get("pp", 1) > 1:  # the same microbatches, as gradient accumulation: torchtitan main packs one row
+            # per dataloader batch (upstream 1460458), so 8 PP microbatches of 256 tokens hold other tokens than one
+            # 2048-token batch would; on 0.3.0 it changes only the order of the sums
+            base["pp_microbatch"] = 1
         base.update(self.matrix.numerics.baseline)
         return base
 
