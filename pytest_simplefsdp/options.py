@@ -317,8 +317,9 @@ OPTIONS = [
                                    "fails there differently), broken trunk (same signature on the base), flaky "
                                    "(runs disagree) or known (an entry); only new failures fail the run. Passing "
                                    "cells are not run again", const=MERGE_BASE, metavar="REF"),
-    Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets and "
-                                              "--simplefsdp-bisect=torchtitan name", existing_dir, metavar="PATH"),
+    Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets, "
+                                              "--simplefsdp-bisect=torchtitan and --simplefsdp-base name",
+           existing_dir, metavar="PATH"),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
                                                    "for new failures (with a placeholder link to fill in), remove "
                                                    "entries whose cells all passed; other entries, their order and "

@@ -196,3 +196,21 @@ def plant(repo, bug, branch=None) -> str:
     subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", message], check=True)
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
                           text=True).stdout.strip()
+
+
+def plant_in_history(repo, at, bug, branch="planted") -> tuple[str, str]:
+    """Rewrite a torchtitan checkout's history with ``bug`` planted right after commit ``at``: a new ``branch`` of
+    ``at``, the planted commit, then every later first-parent commit of HEAD cherry-picked on top, checked out.
+    Returns (the planted commit, the new tip), 12 hex digits each."""
+    tip = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    later = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "--first-parent", f"{at}..{tip}"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    subprocess.run([*GIT, "-C", str(repo), "checkout", "-q", at], check=True)
+    planted = plant(repo, bug, branch=branch)
+    for commit in later:
+        subprocess.run([*GIT, "-C", str(repo), "cherry-pick", "--allow-empty", "-X", "theirs", commit],
+                       check=True, capture_output=True)
+    new_tip = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    return planted, new_tip

@@ -45,8 +45,8 @@ def test_the_smoke_cells_pass_on_torchtitan_main(pytester):
 def pr_branch():
     """A base one commit past main's head that breaks EP, and a PR on it that breaks aot_fx_trace on llama3,
     checked out in the editable clone (so the installed torchtitan is the PR); the clone's HEAD is restored after."""
-    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()  # (main: the clone's branch)
     try:
         base = plant(CHECKOUT, PLANT_EP, branch="gate-demo-base")
         pr = plant(CHECKOUT, PLANT_TRACE, branch="gate-demo-pr")

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from helpers import GIT, cells_of, fake_matrix
+from helpers import GIT, cells_of, fake_matrix, report_tool
 
 pytestmark = pytest.mark.fake
 
@@ -82,6 +82,7 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     assert cells["flaky-r2"]["base"]["runs"] == 0  # its own runs disagreed: not run on the base
     assert "base" not in cells["pass-r2"] or cells["pass-r2"]["base"] is None  # passing cells are not rerun
     ref = f"merge-base(HEAD, main) ({base})"
+    result.stdout.fnmatch_lines([f"simplefsdp: PR gate: each failure runs again on base {ref} of {repo}*"])
     result.stdout.fnmatch_lines([f"*simplefsdp PR gate against base {ref}: 2 new, 1 broken trunk, 1 flaky, 1 known*",
                                  "*fake::differs-r2*new*RuntimeError: fake failure on purpose*failed 2 of 2: "
                                  "ValueError: another fake error on the base*",
@@ -93,6 +94,10 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     assert doc["runs"][0]["meta"]["base"] == {"ref": "merge-base(HEAD, main)", "commit": base, "repo": str(repo)}
     text = md.read_text()
     assert f"### PR gate against base {ref}: 2 new" in text and "| `fake::trunk-r2` | broken trunk |" in text
+
+    stored = report_tool(str(out), "--format", "md", cwd=pytester.path)  # judged again: each class stands
+    assert stored.returncode == 0, stored.stderr
+    assert f"### PR gate against base {ref}: 2 new, 1 broken trunk, 1 flaky, 1 known" in stored.stdout
     envs = list((pytester.path / ".simplefsdp" / "envs").glob(f"torchtitan-{base}-*"))
     assert len(envs) == 1  # one environment for the base, kept by its content key
     again = run_matrix(pr_matrix(says, ["trunk", "known"]), f"--simplefsdp-base={base}",
@@ -117,3 +122,38 @@ def test_a_bad_base_is_a_usage_error_before_any_cell(run_matrix, pytester, titan
     nowhere = run_matrix(pr_matrix(says, ["fail"]), "--simplefsdp-base")
     assert nowhere.ret == pytest.ExitCode.USAGE_ERROR
     nowhere.stderr.fnmatch_lines(["*--simplefsdp-base=merge-base: no torchtitan git checkout to take it from*"])
+
+
+def test_a_base_that_could_not_run_clears_nothing_and_a_base_that_disagrees_is_flaky():
+    """In-process, on results as the runner makes them: no base run to compare with leaves the failure new (the
+    gate stays shut), saying why; a base whose runs disagree makes the failure flaky."""
+    from pytest_simplefsdp.judge.gate import Base, classify
+    from pytest_simplefsdp.judge.results import CellResult
+    from pytest_simplefsdp.kinds import FailureClass, GateClass
+
+    base = Base("main", "0123456789ab", "/repo")
+    mine = CellResult("c", {}, failure_class=FailureClass.RUNTIME, error_line="RuntimeError: boom")
+    mine.fail(FailureClass.RUNTIME, "RuntimeError: boom")
+    gone = CellResult("c/base", {}, not_run=True)
+    gone.fail(FailureClass.INFRA, "torchtitan@0123456789ab: uv: no such commit")
+    cls, verdict, rec = classify(mine, [gone], base)
+    assert cls == GateClass.NEW and "could not run (torchtitan@0123456789ab: uv: no such commit)" in verdict
+    assert rec["runs"] == 0 and rec["not_run"] == ["torchtitan@0123456789ab: uv: no such commit"]
+    failing = CellResult("c/base-1", {})
+    failing.fail(FailureClass.RUNTIME, "RuntimeError: boom")
+    cls, verdict, rec = classify(mine, [failing, CellResult("c/base-2", {})], base)
+    assert cls == GateClass.FLAKY and verdict == "flaky: fails here, and on base main (0123456789ab) passed 1 of 2 runs"
+    assert (rec["runs"], rec["passed"]) == (2, 1)
+
+
+def test_a_feature_whose_cell_the_gate_let_through_is_not_done():
+    """The status by feature: a broken-trunk or flaky failure is an expected failure of the gate with no entry; the
+    feature still fails (never Done, never In progress with no entry to link)."""
+    from pytest_simplefsdp.report.status import FAILING, Feature
+
+    ok = {"id": "a", "status": "passed"}
+    for gate in ("broken trunk", "flaky"):
+        trunk = {"id": "b", "status": "xfailed", "failure_class": "runtime", "gate": gate}
+        assert Feature("EP", 2, [ok, trunk]).state == FAILING
+    known = {"id": "b", "status": "xfailed", "failure_class": "runtime", "gate": "known", "known_failure": "k"}
+    assert Feature("EP", 2, [ok, known]).state != FAILING

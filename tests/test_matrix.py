@@ -213,3 +213,35 @@ def test_an_included_cell_runs_on_every_version_set_of_the_run(tmp_path):
     matrix = with_versions(load(tmp_path, text)[0], ["installed", "torch==2.15.0"])
     ids = [c.id for c in expand(matrix)[0] if c.axes["dp_shard"] == 4]
     assert ids == ["llama3-dp4-eager", "llama3-dp4-eager-torch-2.15.0"]
+
+
+@pytest.mark.parametrize("version, trainers, profile", [
+    ("0.3.0", {"graph_trainer"}, "cpu"),
+    ("0.2.2", {"graph_trainer"}, "cpu"),  # torchtitan main: its version string predates 0.3.0, its trainer does not
+    ("0.2.0", {"simple_fsdp"}, "titan02-cpu"),
+    ("", set(), "cpu"),  # none installed: the current generation's (a dry run lists it unchecked)
+])
+def test_the_auto_profile_follows_what_the_installed_torchtitan_ships(monkeypatch, tmp_path, version, trainers,
+                                                                      profile):
+    from pytest_simplefsdp.options import Settings
+    from pytest_simplefsdp.spec import profiles
+
+    monkeypatch.setattr(profiles, "installed", {"torchtitan": version}.get)
+    monkeypatch.setattr(profiles, "torchtitan_trainers", lambda: trainers)
+    monkeypatch.setattr(profiles, "cuda_device_ids", lambda: [])
+    settings = Settings.__new__(Settings)
+    object.__setattr__(settings, "matrix_file", [])
+    object.__setattr__(settings, "profile", "auto")
+    assert [p.stem for p in profiles.matrix_files(settings, tmp_path)] == [profile]
+
+
+def test_the_installed_torchtitans_trainers_are_read_from_its_folders(monkeypatch, tmp_path):
+    from pytest_simplefsdp import machine
+
+    import sys
+
+    (tmp_path / "torchtitan" / "experiments" / "simple_fsdp").mkdir(parents=True)
+    (tmp_path / "torchtitan" / "__init__.py").write_text("raise ImportError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torchtitan", raising=False)
+    assert machine.torchtitan_trainers() == {"simple_fsdp"}

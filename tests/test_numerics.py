@@ -47,8 +47,44 @@ def test_baseline_that_fails_is_a_clear_verdict(run_matrix):
     text = fake_matrix(modes=["fail", "perturb"], extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: fail}"))
     result = run_matrix(text, "-k", "perturb")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*perturb-r2: [[]numerics[]] baseline baseline-fail-r2 failed: [[]runtime[]] RuntimeError: fake "
+    result.stdout.fnmatch_lines(["*perturb-r2: [[]infra[]] baseline baseline-fail-r2 failed: [[]runtime[]] RuntimeError: fake "
                                  "failure on purpose*"])
+
+
+def test_a_crashing_baseline_is_the_culprit_not_the_cell(run_matrix, pytester):
+    """The baseline dies of SIGSEGV; the cell trained fine. The cell is infra naming the baseline, the baseline (not
+    the cell) runs again under --simplefsdp-confirm, the counts say how often each ran, and neither the status by
+    feature nor the known-failures update takes it for the cell's own bug."""
+    kf = pytester.path / "kf.yaml"
+    kf.write_text("[]\n")
+    out = pytester.path / "run.json"
+    text = fake_matrix(modes=["segv", "perturb"], extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: segv}"))
+    result = run_matrix(text, "-k", "perturb", "--simplefsdp-confirm=2", f"--simplefsdp-json={out}",
+                        f"--simplefsdp-known-failures={kf}", "--simplefsdp-update-known-failures")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*perturb-r2: [[]infra[]] baseline baseline-segv-r2 failed: [[]crash[]]*SIGSEGV*",
+                                 "*not this cell's failure: baseline baseline-segv-r2 failed in every one of its 2 runs; "
+                                 "the cell itself ran once*"])
+    cell = cells_of(out)["perturb-r2"]
+    assert cell["culprit"] == "baseline baseline-segv-r2" and cell["failure_class"] == "infra"
+    assert cell["confirm"] == {"runs": 1, "culprit": "baseline baseline-segv-r2", "culprit_runs": 2, "culprit_passed": 0}
+    assert (pytester.path / "runs" / "fake" / "baseline-segv-r2" / "confirm2").is_dir()  # the baseline ran again
+    assert not (pytester.path / "runs" / "fake" / "perturb-r2" / "confirm2").exists()  # the cell did not
+    assert kf.read_text() == "[]\n"  # not filed as the cell's bug
+
+
+def test_a_baseline_that_crashed_once_is_run_again_and_the_cell_judged_against_it(run_matrix, pytester):
+    says = pytester.path / "says.txt"
+    says.write_text("base flaky\n")  # the baseline fails its first run only
+    text = fake_matrix(modes=["base", "perturb"], args=', "--torchtitan-says"', extra=NUMERICS.replace(
+        "baseline: {mode: pass}", "baseline: {mode: base}").replace("rtol: 1.0e-5", "rtol: 0.1"))
+    text = text.replace("target:\n", f"target:\n  env: {{FAKE_TORCHTITAN_SAYS: \"{says}\"}}\n")
+    out = pytester.path / "run.json"
+    result = run_matrix(text, "-k", "perturb", "--simplefsdp-confirm=2", f"--simplefsdp-json={out}")
+    result.assert_outcomes(passed=1)
+    cell = cells_of(out)["perturb-r2"]
+    assert cell["culprit"] is None and cell["numerics"]["baseline"] == "baseline-base-r2/confirm2"
+    assert cell["confirm"]["culprit_passed"] == 1 and cell["confirm"]["culprit_runs"] == 2
 
 
 def test_stored_baseline_is_used_and_checked(run_matrix, pytester):

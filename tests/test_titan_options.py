@@ -219,6 +219,19 @@ def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan,
     target.python_for = lambda label: str(moved)
     gone = " ".join(argv_of(target, in_set, tmp_path))
     assert "--training.max_context_length 256" in gone and "--dataloader.dataset_path " in gone
+    # a commit after the grain change (upstream 1460458) whose config module sets the dataset in Python: the set's
+    # table says so, and its cells pass it to that module, as a bisection across the change needs
+    grain = tmp_path / "grain"
+    grain.mkdir()
+    (grain / "titan_set.py").write_text(grain_module(python_options=True))
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={grain}:$PYTHONPATH exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    after = tmp_path / "grain-python"
+    python.rename(after)
+    target.python_for = lambda label: str(after)
+    command = target.command(in_set, dump_folder=tmp_path / "dump", seed_folder=tmp_path / "seed")
+    assert "--dataloader.dataset_path" not in command.argv and "--training.max_context_length" in command.argv
+    assert json.loads(command.env["SIMPLEFSDP_CONFIG_SET"]) == {"dataloader.dataset_path": target.dataset}
 
 
 def test_a_value_the_installed_torchtitan_cannot_express_fails_collection(fake_torchtitan):

@@ -67,6 +67,8 @@ class CellResult:
     launcher: str = ""  # the launcher that ran it: torchrun, local, fork, slurm, or a plugin's
     not_run: bool = False  # it never ran: no environment for its versions, its launcher did not start it, or
     # someone else stopped it (nothing of the cell's own to confirm, bisect or record as a known failure)
+    # the job whose failure failed this cell ("baseline <id>", "seed checkpoint of <model>"): infra, not its own bug
+    culprit: str | None = None
     versions: dict = field(default_factory=dict)  # package -> version it ran on (its version set's environment)
     outside_range: list = field(default_factory=list)  # what of its version set the target does not support
     details: list = field(default_factory=list)  # extra lines for the failure report

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kinds import KnownKind, Status
+from ..kinds import GateClass, KnownKind, Status
 from .known import Entry, KnownFailures, outside_window, signature
 from .results import CellResult
 
@@ -82,9 +82,17 @@ def rejudge(rec: dict, known: KnownFailures, env: dict, gate: bool = False) -> d
         return rec
     result = CellResult.from_record(rec)
     result.status = Status.FAILED if rec.get("failure_class") else Status.PASSED  # before any verdict
-    apply(result, entries, gate)
+    verdict = apply(result, entries, gate)
+    if rec.get("gate"):  # judged against a PR's base (judge.gate): an entry makes it known; else its class stands
+        if verdict.entry is not None and result.status == Status.XFAILED:
+            result.gate = GateClass.KNOWN
+        elif result.status == Status.FAILED and rec["gate"] != GateClass.KNOWN:
+            result.gate, result.verdict = rec["gate"], rec.get("verdict", "")
+            result.status = Status.FAILED if result.gate == GateClass.NEW else Status.XFAILED
+        elif result.status == Status.FAILED:
+            result.gate = None  # its entry no longer applies, and the base never ran it: unclassified
     fresh = result.record()
     return {**rec, **{k: fresh[k] for k in ("status", "verdict", "flaky", "signature", "known_failure",
-                                            "known_failure_link")}}
+                                            "known_failure_link", "gate")}}
 
 

@@ -29,7 +29,8 @@ def _differ_by_one(a: dict, b: dict) -> bool:
 
 
 def failing_combinations(run) -> list[Combination]:
-    ran = [r for r in run["cells"] if r["status"] != Status.SKIPPED]
+    # (a cell its baseline or seed checkpoint failed says nothing of its own combination)
+    ran = [r for r in run["cells"] if r["status"] != Status.SKIPPED and not r.get("culprit")]
     passing = [r["axes"] for r in ran if broken(r) is False]
     by_signature = {}
     for r in ran:

@@ -5,8 +5,10 @@ one failed with a new error; Not run when none ran."""
 
 from __future__ import annotations
 
-from ..kinds import Status
+from ..kinds import GateClass, Status
 from .tables import broken
+
+UNGATED = (GateClass.BROKEN_TRUNK, GateClass.FLAKY)  # failures a PR gate lets through: failing, all the same
 
 # the features of the status-tracking issue (torchtitan 1980), each the axis values that turn it on
 FEATURE_GROUPS = (
@@ -60,11 +62,14 @@ def features(run):
 class Feature:
     def __init__(self, name, valid: int, records: list):
         self.name, self.valid, self.records = name, valid, records
-        ran = [r for r in records if r["status"] != Status.SKIPPED]
+        # (a cell its baseline or seed checkpoint failed did not show anything of its own: not counted as run)
+        ran = [r for r in records if r["status"] != Status.SKIPPED and not r.get("culprit")]
         self.ran, self.passed = len(ran), sum(1 for r in ran if broken(r) is False)
         self.entries = list(dict.fromkeys((r["known_failure"], r.get("known_failure_link")) for r in records
                                           if r.get("known_failure") and r["status"] in (Status.XFAILED, Status.SKIPPED)))
-        if any(r["status"] == Status.FAILED and r.get("failure_class") for r in ran):  # (a gate's XPASS: no failure)
+        # (a gate's XPASS has no failure class; a PR's failure the base shares, or whose runs disagree, is an
+        # expected failure of the PR gate with no entry, and fails all the same)
+        if any((r["status"] == Status.FAILED and r.get("failure_class")) or r.get("gate") in UNGATED for r in ran):
             self.state = FAILING
         elif not ran:
             self.state = NOT_RUN

@@ -42,9 +42,11 @@ class SeedJob:
 
 @dataclass(frozen=True)
 class Unavailable:
-    """A seed checkpoint or baseline that could not be had, and why (the cell's numerics failure line)."""
+    """A seed checkpoint or baseline that could not be had, and why: the line of the cells that needed it, which
+    fail as infra with the job named as the culprit (it, not the cell, is run again to confirm)."""
 
     reason: str
+    culprit: str = ""  # "baseline <id>" or "seed checkpoint of <model>": the job that failed, where one ran
 
 
 def param_stats(log_dir) -> dict:
@@ -148,7 +150,25 @@ class Book:
         logs.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(logs, ignore_errors=True)
         scratch.rename(logs)
-        return Unavailable(f"seed checkpoint for {job.model} failed: {failed.error_line} (logs: {logs})")
+        return Unavailable(f"seed checkpoint for {job.model} failed: {failed.error_line} (logs: {logs})",
+                           f"seed checkpoint of {job.model}")
+
+    def retry(self, run, cell, attempt) -> Unavailable | None:
+        """The job that failed a cell (its seed checkpoint, else its baseline) made again, as ``attempt``: None once
+        it is had (the cell can be compared now), else why not. What this run had is forgotten first."""
+        job = self.seed_job(run, cell)
+        with self.lock:
+            if job is not None and isinstance(self.seeds.get((run.name, job.model, job.vset)), Unavailable):
+                self.seeds.pop((run.name, job.model, job.vset))
+                seed = self.seed_for(run, cell)
+                if isinstance(seed, Unavailable):
+                    return seed
+            base_axes = run.target.baseline_axes(cell.axes)
+            key = (run.name, axes_key(base_axes))
+            if isinstance(self.baselines.get(key), Unavailable):
+                self.baselines[key] = self._run_baseline(run, base_axes, key, attempt)
+            found = self.baselines.get(key)
+            return found if isinstance(found, Unavailable) else None
 
     # --- baselines ----------------------------------------------------------------------------------
 
@@ -194,15 +214,17 @@ class Book:
         the seed's own key)."""
         return content_key(self.runner.command(run, cell, Path("@cell") / "dump", 0, seed), self.cache_dir)
 
-    def _run_baseline(self, run, base_axes, key):
+    def _run_baseline(self, run, base_axes, key, attempt=""):
         done = self.passed.get(key)
         if done is None:
             cell = self._base_cell(run, base_axes)
+            if attempt:  # run again to confirm a failure: beside the first run's folder
+                cell = dataclasses.replace(cell, id=f"{cell.id}/{attempt}")
             seed = self.seed_for(run, cell)
             if isinstance(seed, Unavailable):
-                return Unavailable(f"baseline {cell.id} has no seed: {seed.reason}")
+                return Unavailable(f"baseline {cell.id} has no seed: {seed.reason}", seed.culprit)
             digest = self.baseline_key(run, cell, seed)
-            kept = self.kept.kept(cell.id, digest)
+            kept = None if attempt else self.kept.kept(cell.id, digest)
             if kept is not None:
                 done = CellResult.from_record(self.kept.about(kept)["record"])
                 # the axes it stands for in this run (the run that kept it may have had no `versions` axis)
@@ -212,12 +234,13 @@ class Book:
             else:
                 done = self.runner.run(run, cell, seed=seed)
                 done.details.append("numerics baseline")
-                if done.failure_class is None:
+                if done.failure_class is None and not attempt:
                     self._keep_baseline(run, cell, done, digest)
             self.store.record(run, done, kind=RecordType.BASELINE)
         if done.failure_class is None:
             return done
-        return Unavailable(f"baseline {done.id} failed: [{done.failure_class}] {done.error_line} (logs: {done.log_dir})")
+        return Unavailable(f"baseline {done.id} failed: [{done.failure_class}] {done.error_line} (logs: {done.log_dir})",
+                           f"baseline {done.id}")
 
     def _keep_baseline(self, run, cell, done, digest):
         """A copy of what a comparison reads (the record and the per-parameter probe records); the run keeps
@@ -235,8 +258,10 @@ class Book:
         if lane is None or result.status != Status.PASSED:
             return
         base = self.baseline_for(run, cell, result)
-        if isinstance(base, Unavailable):
-            return result.fail(FailureClass.NUMERICS, base.reason)
+        if isinstance(base, Unavailable):  # not the cell's failure: infra, naming the job that failed
+            result.fail(FailureClass.INFRA, base.reason)
+            result.culprit = base.culprit or "baseline"
+            return None
         ok, rep = compare(result.losses, base.losses, lane)
         rep["baseline"] = base.id
         result.numerics = rep

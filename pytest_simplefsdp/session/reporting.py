@@ -213,8 +213,9 @@ class Reporter:
         runs = {run.name: run for run in state.runs}
         cells = [(runs[r["matrix"]], CellResult.from_record(r)) for r in state.store.records
                  if r["type"] == RecordType.CELL and not r.get("mutant")]
+        # (a cell that never ran, or that its baseline or seed checkpoint failed, has no failure of its own to record)
         new = [(run.matrix.profile, r) for run, r in cells if r.status == Status.FAILED and not r.known_failure
-               and r.failure_class and not r.not_run]  # (a cell that never ran has no failure of its own to record)
+               and r.failure_class and not r.not_run and not r.culprit]
         outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
         for run, r in cells:
             for e in state.entries_for(run, r):

@@ -98,7 +98,8 @@ class MatrixSession:
         seed = self.book.seed_for(run, cell)
         if isinstance(seed, Unavailable):
             return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
-                              world=cell.world, error_line=seed.reason, error_text=seed.reason)
+                              world=cell.world, error_line=seed.reason, error_text=seed.reason,
+                              culprit=seed.culprit or None)
         result = self.runner.run(run, cell, devices, seed=seed)
         if run.matrix.numerics:
             self.book.check(run, cell, result)
@@ -113,7 +114,7 @@ class MatrixSession:
         verdict = apply(result, self.entries_for(run, cell), self.settings.gate, self.settings.update_known_failures)
         if result.status == Status.FAILED and result.failure_class and verdict.entry is None:
             self.confirm(run, cell, result)
-            if self.base is not None:
+            if self.base is not None and result.status == Status.FAILED:
                 self.against_base(run, cell, result)
         elif self.base is not None and verdict.entry is not None and result.status == Status.XFAILED:
             result.gate = GateClass.KNOWN
@@ -141,6 +142,8 @@ class MatrixSession:
         runs = self.settings.confirm
         if runs <= 1 or result.not_run:  # a cell the launcher did not run (or someone stopped) shows nothing of its own
             return
+        if result.culprit:
+            return self.confirm_culprit(run, cell, result, runs)
         again = [self.run_attempt(run, cell, f"confirm{n}") for n in range(2, runs + 1)]
         passed = sum(1 for r in again if r.status == Status.PASSED)
         signatures = list(dict.fromkeys(signature(r.error_text or r.error_line) for r in [result, *again]
@@ -154,6 +157,28 @@ class MatrixSession:
         else:
             result.verdict = f"new: failed in every one of {runs} runs" + (
                 f" ({len(signatures)} different errors)" if len(signatures) > 1 else "")
+
+    def confirm_culprit(self, run, cell, result, runs):
+        """A cell failed by its baseline or seed checkpoint (``culprit``): that job, not the cell, runs again, up to
+        --simplefsdp-confirm runs in all; once it is had, the cell is compared with it and judged as any cell."""
+        culprit, first, made = result.culprit, result.error_line, None
+        for n in range(2, runs + 1):
+            made = self.book.retry(run, cell, f"confirm{n}")
+            if made is None:
+                break
+        ran = n if made is None else runs
+        result.confirm = {"runs": 1, "culprit": culprit, "culprit_runs": ran, "culprit_passed": int(made is None)}
+        if made is None:  # the culprit ran this time: the cell's own verdict, from its own run
+            result.status, result.failure_class, result.culprit = Status.PASSED, None, None
+            result.error_line = result.error_text = None
+            self.book.check(run, cell, result)
+            result.details.append(f"{culprit} failed once ({first}); it passed on run {ran} of {runs}, and this cell "
+                                  f"was compared with it")
+            if result.status == Status.FAILED:
+                apply(result, self.entries_for(run, cell), self.settings.gate)
+        else:
+            result.verdict = (f"not this cell's failure: {culprit} failed in every one of its {ran} runs; the cell "
+                              f"itself ran once")
 
     def run_attempt(self, run, cell, attempt):
         """The cell once more, beside its first run (``<cell>/<attempt>/``), compared with its baseline."""
