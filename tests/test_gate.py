@@ -19,7 +19,8 @@ pytestmark = pytest.mark.fake
 def commit(repo, broken: str, message: str) -> str:
     (repo / "torchtitan" / "broken.txt").write_text(broken)
     subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True, capture_output=True)
-    subprocess.run([*GIT, "-C", str(repo), "commit", "-qm", message], check=True, capture_output=True)
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", message], check=True,
+                   capture_output=True)
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True,
                           capture_output=True, text=True).stdout.strip()
 
@@ -157,3 +158,21 @@ def test_a_feature_whose_cell_the_gate_let_through_is_not_done():
         assert Feature("EP", 2, [ok, trunk]).state == FAILING
     known = {"id": "b", "status": "xfailed", "failure_class": "runtime", "gate": "known", "known_failure": "k"}
     assert Feature("EP", 2, [ok, known]).state != FAILING
+
+
+def test_a_torchtitan_commit_bisection_finds_the_commit_on_a_fake_checkout(run_matrix, pytester, titan_repo):
+    """--simplefsdp-bisect=torchtitan over GOOD..BAD commits of a checkout: an environment per probed commit, built by
+    uv from the checkout; the regression planted two commits after the PR's is found to its commit."""
+    repo, base = titan_repo
+    commit(repo, "", "harmless")
+    planted = commit(repo, "regress\n", "the regression")
+    head = commit(repo, "regress\n", "after it")
+    out = pytester.path / "run.json"
+    result = run_matrix(pr_matrix(pytester.path / "nothing-said.txt", ["regress"]),
+                        f"--simplefsdp-versions=torchtitan@{head}", f"--simplefsdp-torchtitan-repo={repo}",
+                        "--simplefsdp-bisect=torchtitan", f"--simplefsdp-bisect-versions={base}..{head}",
+                        f"--simplefsdp-json={out}")
+    result.assert_outcomes(failed=1)
+    (found,) = json.loads(out.read_text())["bisections"]
+    assert found["window"][1] == f"@{planted}", found
+    assert {p["version"]: p["outcome"] for p in found["probes"]}[f"@{base}"] == "passes"

@@ -25,6 +25,11 @@ class Base:
     def about(self) -> dict:
         return {"ref": self.ref, "commit": self.commit, "repo": self.repo}
 
+    def name(self) -> str:
+        """How reports name it: the ref and its commit, or the commit alone where the ref is one."""
+        return self.commit if self.commit.startswith(self.ref) or self.ref.startswith(self.commit) \
+            else f"{self.ref} ({self.commit})"
+
 
 def classify(result, base_runs: list, base: Base) -> tuple[GateClass, str, dict]:
     """(class, verdict, the base's record) of a PR's new failure (``result``, after its confirming runs) given the
@@ -36,7 +41,7 @@ def classify(result, base_runs: list, base: Base) -> tuple[GateClass, str, dict]
     record = {**base.about(), "runs": len(ran), "passed": len(ran) - len(failed), "signatures": theirs,
               "lines": list(dict.fromkeys(r.error_line or "" for r in failed)),
               "folders": [r.log_dir for r in base_runs], "not_run": [r.error_line for r in base_runs if r.not_run]}
-    at = f"base {base.ref} ({base.commit})"
+    at = f"base {base.name()}"
     if result.flaky:
         return GateClass.FLAKY, f"{result.verdict} (not rerun on {at})", record
     if not ran:

@@ -3,6 +3,7 @@ sides' signatures, for the terminal, the JSON document, the status markdown and 
 
 from __future__ import annotations
 
+from ..judge.gate import Base
 from ..kinds import GateClass, RecordType
 
 ORDER = (GateClass.NEW, GateClass.BROKEN_TRUNK, GateClass.FLAKY, GateClass.KNOWN)
@@ -43,7 +44,7 @@ def gate(doc: dict) -> dict | None:
 
 def headline(g: dict) -> str:
     counts = ", ".join(f"{n} {c}" for c, n in g["counts"].items())
-    return f"PR gate against base {g['base']['ref']} ({g['base']['commit']}): {counts}"
+    return f"PR gate against base {Base(**g['base']).name()}: {counts}"
 
 
 def rows(g: dict) -> list[tuple]:

@@ -12,9 +12,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import gate
-
 from ..kinds import Status
+from . import gate
 from .combos import failing_combinations
 from .compare import MARKS, key
 from .status import features

@@ -33,8 +33,8 @@ class Controller:
         self.settings, self.runs, self.worker = state.settings, state.runs, state.worker
         self.header += state.version_lines
         if state.base is not None:
-            self.header.append(f"simplefsdp: PR gate: each failure runs again on base {state.base.ref} "
-                               f"({state.base.commit}) of {state.base.repo}; only new failures fail the run")
+            self.header.append(f"simplefsdp: PR gate: each failure runs again on base {state.base.name()} of "
+                               f"{state.base.repo}; only new failures fail the run")
         entries = state.known.entries if state.known else []
         for what, ids in (("are for profiles not loaded here (not checked)", [e.id for e in entries if e.foreign]),
                           ("have no link yet (TODO: name the upstream issue)", [e.id for e in entries if e.todo])):

@@ -167,12 +167,13 @@ def resolve_base(config, s):
         raise pytest.UsageError(f"--simplefsdp-base={s.base}: no torchtitan git checkout to take it from (tried "
                                 f"{', '.join(str(c) for c in candidates if c)}); run in your torchtitan checkout or "
                                 f"name it with --simplefsdp-torchtitan-repo=PATH")
+    editable = source_checkout("torchtitan") == repo  # (then the PR is its working tree)
     try:
         ref, commit = merge_base(repo) if s.base == MERGE_BASE else (s.base, short_sha(repo, s.base))
+        running = vcs_commit("torchtitan") or (short_sha(repo, "HEAD") if editable else None)
+        dirty = editable and bool(git(repo, "status", "--porcelain", "--", "torchtitan"))
     except GitError as e:
         raise pytest.UsageError(f"--simplefsdp-base={s.base}: {e}") from None
-    running = vcs_commit("torchtitan") or (short_sha(repo, "HEAD") if source_checkout("torchtitan") == repo else None)
-    dirty = source_checkout("torchtitan") == repo and bool(git(repo, "status", "--porcelain", "--", "torchtitan"))
     if running and running.startswith(commit) and not dirty:
         raise pytest.UsageError(f"--simplefsdp-base={s.base}: {commit} is the commit the installed torchtitan runs "
                                 f"(nothing to compare with); name the PR's base")
