@@ -31,3 +31,15 @@ def cache_root() -> Path:
     so every run and rootdir may share it."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "pytest-simplefsdp"
+
+
+def output_root(folder: Path) -> Path:
+    """The run's own folder under the rootdir (``.simplefsdp``: runs, kept seeds and baselines, environments), made
+    with a ``.gitignore`` that ignores it whole, as pytest's ``.pytest_cache`` does: a torchtitan checkout's
+    ``git status`` stays clean and ``git add -A`` takes none of its gigabytes."""
+    folder = Path(folder)
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        ignore.write_text("# Created by pytest-simplefsdp automatically.\n*\n")
+    return folder

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import fake_matrix, marked, run_doc
+from helpers import GIT, fake_matrix, marked, run_doc
 
 
 def test_without_the_flag_nothing_changes(pytester):
@@ -305,3 +305,18 @@ def test_the_main_command_collects_in_this_repository_with_its_test_conftest_loa
                            "-p", "no:cacheprovider"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "matrix/cpu.yaml::llama3-dp2-eager" in proc.stdout and "INTERNALERROR" not in proc.stdout
+
+
+def test_the_output_folder_ignores_itself_and_collect_only_writes_none(run_matrix, pytester):
+    """A run in a git checkout (a torchtitan checkout) leaves `git status` clean of `.simplefsdp/` (seed checkpoints,
+    environments: gigabytes), as pytest's own cache folder does; --co and the dry run make no such folder."""
+    subprocess.run([*GIT, "init", "-q", str(pytester.path)], check=True)
+    run_matrix(fake_matrix(), "--co").assert_outcomes()
+    assert not (pytester.path / ".simplefsdp").exists()
+    run_matrix(fake_matrix(), "--simplefsdp-dry-run")
+    assert not (pytester.path / ".simplefsdp").exists()
+    run_matrix(fake_matrix()).assert_outcomes(passed=1)
+    assert (pytester.path / ".simplefsdp" / ".gitignore").read_text().endswith("*\n")
+    status = subprocess.run(["git", "-C", str(pytester.path), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, check=True).stdout
+    assert ".simplefsdp" not in status and "fake.yaml" in status, status

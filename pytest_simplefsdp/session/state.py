@@ -19,6 +19,7 @@ from ..judge.verdict import apply
 from ..kinds import FailureClass, GateClass, KnownKind, RecordType, Status
 from ..launch.procs import kill_procs, session_leftovers
 from ..options import settings
+from ..paths import output_root
 from ..run.baselines import Book, Unavailable
 from ..run.runner import CellRunner
 from ..store.results import ResultStore
@@ -65,6 +66,8 @@ class MatrixSession:
                                  config.hook, config, about=about)
         self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
         self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
+        if not (s.dry_run or config.option.collectonly):  # (a usage error above, or what only lists cells: nothing)
+            output_root(self.cache_dir)
 
     # --- known failures -----------------------------------------------------------------------------
 
