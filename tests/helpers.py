@@ -193,7 +193,15 @@ def plant(repo, bug, branch=None) -> str:
     text = file.read_text()
     assert anchor in text, f"{path}: the line to plant after is gone: {anchor!r}"
     file.write_text(text.replace(anchor, anchor + code, 1))
-    subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", message], check=True)
+    return commit_all(repo, message, new_files=False)  # (an editable install's build files stay out)
+
+
+def commit_all(repo, message, new_files=True) -> str:
+    """Commit a checkout's working tree, new files too unless ``new_files`` is False (nothing changed: an empty
+    commit); the commit's 12 hex digits."""
+    subprocess.run([*GIT, "-C", str(repo), "add", "-A" if new_files else "-u"], check=True, capture_output=True)
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", message], check=True,
+                   capture_output=True)
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
                           text=True).stdout.strip()
 

@@ -11,18 +11,14 @@ import textwrap
 
 import pytest
 
-from helpers import GIT, cells_of, fake_matrix, report_tool
+from helpers import GIT, cells_of, commit_all, fake_matrix, report_tool
 
 pytestmark = pytest.mark.fake
 
 
 def commit(repo, broken: str, message: str) -> str:
     (repo / "torchtitan" / "broken.txt").write_text(broken)
-    subprocess.run([*GIT, "-C", str(repo), "add", "-A"], check=True, capture_output=True)
-    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", message], check=True,
-                   capture_output=True)
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return commit_all(repo, message)
 
 
 @pytest.fixture

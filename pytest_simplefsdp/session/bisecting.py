@@ -95,14 +95,9 @@ class Bisector:
     def probe_for(self, run, cell, wanted):
         """probe(version) -> Probe: the cell on that version, --simplefsdp-confirm runs, each judged."""
         def probe(version):
-            vset = cell_set(cell.axes).with_pin(self.package, version)
-            runs, outside = [], []
-            for n in range(1, self.settings.confirm + 1):
-                again = dataclasses.replace(cell, id=f"{cell.id}/bisect-{vset.slug()}-{n}",
-                                            axes={**cell.axes, "versions": vset.label()})
-                result = self.state.run_and_check(run, again)
-                runs.append((*outcome(result, wanted), result.wall))
-                outside = outside or result.outside_range
+            results = self.state.runs_on(run, cell, self.package, version, "bisect")
+            runs = [(*outcome(r, wanted), r.wall) for r in results]
+            outside = next((r.outside_range for r in results if r.outside_range), [])
             return dataclasses.replace(judge_runs(version, runs), outside="; ".join(outside))
         return probe
 

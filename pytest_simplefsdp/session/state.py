@@ -129,14 +129,19 @@ class MatrixSession:
         flaky become expected failures that say why. A flaky cell (its own runs disagree) is not run again."""
         runs = []
         if not result.flaky and not result.not_run:
-            vset = cell_set(cell.axes).with_pin("torchtitan", "@" + self.base.commit)
-            for n in range(1, self.settings.confirm + 1):
-                again = dataclasses.replace(cell, id=f"{cell.id}/base-{vset.slug()}-{n}",
-                                            axes={**cell.axes, "versions": vset.label()})
-                runs.append(self.run_and_check(run, again))
+            runs = self.runs_on(run, cell, "torchtitan", "@" + self.base.commit, "base")
         result.gate, result.verdict, result.base = classify(result, runs, self.base)
         if result.gate != GateClass.NEW:
             result.status = Status.XFAILED
+
+    def runs_on(self, run, cell, package, version, purpose) -> list[CellResult]:
+        """The cell with one package pinned (its version set's environment), --simplefsdp-confirm times, each
+        judged as any cell (baseline of that set included), in ``<cell>/<purpose>-<set>-<N>/``: a bisection's
+        probe, a PR's base."""
+        vset = cell_set(cell.axes).with_pin(package, version)
+        return [self.run_and_check(run, dataclasses.replace(cell, id=f"{cell.id}/{purpose}-{vset.slug()}-{n}",
+                                                            axes={**cell.axes, "versions": vset.label()}))
+                for n in range(1, self.settings.confirm + 1)]
 
     def confirm(self, run, cell, result):
         """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it
