@@ -160,7 +160,9 @@ def test_a_torchtitan_commit_bisection_finds_the_commit_on_a_fake_checkout(run_m
     """--simplefsdp-bisect=torchtitan over GOOD..BAD commits of a checkout: an environment per probed commit, built by
     uv from the checkout; the regression planted two commits after the PR's is found to its commit."""
     repo, base = titan_repo
-    commit(repo, "", "harmless")
+    subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", "git@github.com:pytorch/torchtitan.git"],
+                   check=True)
+    harmless = commit(repo, "", "harmless")
     planted = commit(repo, "regress\n", "the regression")
     head = commit(repo, "regress\n", "after it")
     out = pytester.path / "run.json"
@@ -171,4 +173,7 @@ def test_a_torchtitan_commit_bisection_finds_the_commit_on_a_fake_checkout(run_m
     result.assert_outcomes(failed=1)
     (found,) = json.loads(out.read_text())["bisections"]
     assert found["window"][1] == f"@{planted}", found
+    link = f"https://github.com/pytorch/torchtitan/compare/{harmless}...{planted}"
+    assert found["found"] == f"regressed in @{planted} (last good @{harmless}): {link}"
+    result.stdout.fnmatch_lines([f"*simplefsdp bisect torchtitan: *: regressed in @{planted} (last good @{harmless})*"])
     assert {p["version"]: p["outcome"] for p in found["probes"]}[f"@{base}"] == "passes"

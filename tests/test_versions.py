@@ -93,10 +93,11 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
     assert outcomes["2.10.0"] == PASSES and outcomes["2.15.0"] == FAILS and outcomes["2.13.0"] == PASSES
     assert outcomes.get("2.11.0") in (None, UNTESTABLE) and outcomes.get("2.12.0") in (None, OTHER)
     assert outcomes["2.14.0"] == FLAKY  # (fails on 2.14.0 only every second run: skipped, not counted)
-    result.stdout.fnmatch_lines(["*simplefsdp bisect torch: fake::pass-r2-torch-2.15.0: last like the first end: "
-                                 "2.13.0, first like the last end: 2.15.0*"])
+    result.stdout.fnmatch_lines(["*simplefsdp bisect torch: fake::pass-r2-torch-2.15.0: regressed in 2.15.0 (last "
+                                 "good 2.13.0)*"])
     issue = (pytester.path / "runs" / "bisect" / "pass-r2-torch-2.15.0-torch.md").read_text()
-    assert "**Window (torch):** last 2.13.0 / first 2.15.0" in issue and "uv pip install torch==2.15.0" in issue
+    assert "**Window (torch):** regressed in 2.15.0 (last good 2.13.0)" in issue
+    assert "uv pip install torch==2.15.0" in issue
     entry = kf.read_text()
     assert entry.startswith("# our known failures\n") and "first_failing: {torch: 2.15.0}" in entry
     assert "versions:" not in entry  # the window scopes it, not the version set the cell happened to run on
@@ -117,6 +118,7 @@ def test_a_fix_is_bisected_to_its_release_and_its_issue_reproduces_the_failing_s
     assert json.loads(out.read_text())["bisections"][0]["window"] == ["2.12.0", "2.13.0"]
     issue = (pytester.path / "runs" / "bisect" / "pass-r2-torch-2.10.0-torch.md").read_text()
     assert "uv pip install torch==2.12.0 " in issue and " .venv/bin/python " in issue, issue
+    assert "**Window (torch):** fixed in 2.13.0 (last failing 2.12.0)" in issue
     assert "/bin/python -m" not in issue.replace(" .venv/bin/python -m", "")  # (no interpreter of this machine)
 
 

@@ -20,7 +20,7 @@ from ..kinds import Status
 from ..machine import installed
 from ..report.page import main_log
 from ..versions.bisect import FAILS, OTHER, PASSES, UNTESTABLE, bisect, judge_runs, table
-from ..versions.git import GitError, short_sha
+from ..versions.git import GitError, compare_url, short_sha
 from ..versions.sets import available_versions, cell_set, index_versions, order, wheel_versions
 
 # an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
@@ -136,7 +136,7 @@ class Bisector:
         folder = self.state.run_dir / "bisect"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{item.cell.id}-{item.package}.md"
-        window = (f"last {b.window[0]} / first {b.window[1]}" if b.window else b.message)
+        window = window_words(item, self.settings.torchtitan_repo)
         lines = [f"# {rec.get('error_line') or wanted} ({item.package} {window})", "",
                  f"**Cell:** `{item.run.matrix.profile}::{item.cell.id}` ({item.run.target.name}, {item.cell.world} ranks)",
                  f"**Signature:** `{wanted}`", f"**Window ({item.package}):** {window}", "",
@@ -183,6 +183,19 @@ def outcome(result, wanted) -> tuple:
     if not result.losses and API_MISMATCH.search(line):
         return UNTESTABLE, sig, line
     return OTHER, sig, line
+
+
+def window_words(found: Found, repo=None) -> str:
+    """The window in words, as cargo-bisect-rustc says it: "regressed in X (last good W)" or "fixed in X (last
+    failing W)", with GitHub's compare page for torchtitan commits of a checkout on GitHub; else why there is none."""
+    b = found.bisection
+    if not b or not b.window:
+        return b.message if b else found.error
+    before, after = b.window
+    fails = {p.version: p.outcome for p in b.probes}.get(after) == FAILS
+    words = f"regressed in {after} (last good {before})" if fails else f"fixed in {after} (last failing {before})"
+    link = compare_url(repo, before.lstrip("@"), after.lstrip("@")) if repo and after.startswith("@") else None
+    return words + (f": {link}" if link else "")
 
 
 def window_of(found: Found) -> dict:

@@ -26,7 +26,7 @@ from ..report.twin import summary as twin_summary
 from ..report.twin import twins
 from ..versions.bisect import table as bisect_table
 from ..versions.sets import INSTALLED
-from .bisecting import window_of
+from .bisecting import window_of, window_words
 from ..run import lookahead
 from ..store.runs import WALLTIME_PLOT
 from ..yamlio import MatrixError
@@ -141,14 +141,13 @@ class Reporter:
                 doc["bisections"].append({"cell": cell, "package": found.package, "error": found.error})
                 continue
             b = found.bisection
-            window = (f"last like the first end: {b.window[0]}, first like the last end: {b.window[1]}" if b.window
-                      else b.message)
+            window = window_words(found, self.settings.torchtitan_repo)
             tr.section(f"simplefsdp bisect {found.package}: {cell}: {window}")
             tr.write_line(tabulate(bisect_table(b), headers=("version", "outcome", "runs", "signature or line",
                                                               "wall"), tablefmt="simple"))
             tr.write_line(f"{len(b.probes)} versions probed of {len(b.versions)}; issue body: {found.issue}")
             doc["bisections"].append({"cell": cell, "package": found.package, "issue": str(found.issue),
-                                      **b.record()})
+                                      "found": window, **b.record()})
 
     def write_files(self, tr, doc):
         s = self.settings

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
+
+GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
 
 
 class GitError(ValueError):
@@ -36,3 +39,12 @@ def merge_base(repo, trunks=("main", "origin/main", "upstream/main")) -> tuple[s
             continue
         return f"merge-base(HEAD, {trunk})", git(repo, "merge-base", "HEAD", trunk)[:12]
     raise GitError(f"{repo} has none of the branches {', '.join(trunks)}: name the base (--simplefsdp-base=REF)")
+
+
+def compare_url(repo, old, new) -> str | None:
+    """GitHub's compare page for two commits of a checkout whose ``origin`` is on GitHub, else None."""
+    try:
+        found = GITHUB.match(git(repo, "remote", "get-url", "origin"))
+    except GitError:
+        return None
+    return f"https://github.com/{found[1]}/{found[2]}/compare/{old}...{new}" if found else None
