@@ -18,10 +18,6 @@ class Base:
     commit: str  # 12 hex digits
     repo: str
 
-    @property
-    def label(self) -> str:  # the version set its cells run on
-        return f"torchtitan@{self.commit}"
-
     def about(self) -> dict:
         return {"ref": self.ref, "commit": self.commit, "repo": self.repo}
 

@@ -261,7 +261,7 @@ class Book:
         if isinstance(base, Unavailable):  # not the cell's failure: infra, naming the job that failed
             result.fail(FailureClass.INFRA, base.reason)
             result.culprit = base.culprit or "baseline"
-            return None
+            return
         ok, rep = compare(result.losses, base.losses, lane)
         rep["baseline"] = base.id
         result.numerics = rep
