@@ -250,8 +250,10 @@ OPTIONS = [
     Option("status-md", "string", None, "write the status markdown (GitHub markdown: cells run of the valid ones, "
                                         "status by feature, one grid per profile and model, footnotes with the known "
                                         "failures' links) to this file", output_file, metavar="PATH"),
-    Option("html", "string", None, "write the run as a static HTML page: DIR/index.html beside the run's logs, or "
-                                   "FILE.html, one self-contained file (its plots inlined). Failures first, filters "
+    Option("html", "string", None, "where to write the run's static HTML page (default: index.html in the run's "
+                                   "folder, beside its logs and records): DIR/index.html, or FILE.html, one "
+                                   "self-contained file (its plots inlined, the wall-time plot added). Failures first, "
+                                   "filters "
                                    "by status, the status by feature, the grids, each cell's details and logs; also: "
                                    "python -m pytest_simplefsdp.report RUN --html DIR|FILE.html", output_page,
            metavar="DIR|FILE.html"),

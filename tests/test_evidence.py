@@ -72,9 +72,15 @@ def test_a_command_target_that_ignores_its_tp_flag_fails_as_invalid_config(run_m
     assert liar["error_line"] == ("the run does not show its label: tp=2: expected mesh.tp = 2 on every rank, "
                                   "saw 1 on ranks 0, 1")
     assert sorted(liar["losses"]) == ["1", "2", "3"]  # it trained: only the evidence tells
-    # the table's footnotes give the short form per cell
-    result.stdout.fnmatch_lines(["evidence (the run shows its label: checks that hold / checks, labels checked):",
-                                 "    pass-r2-2: 1/1 (tp=2)", "    ignoretp-r2-2: 0/1 (tp=2)"])
+    # the footnotes sum the evidence up and show the cell that failed it; -v lists every cell
+    result.stdout.fnmatch_lines(["evidence: 2 cells checked against their labels (1 of 2 checks hold)",
+                                 "    (-v lists them per cell)",
+                                 "evidence (the run shows its label: checks that hold / checks, labels checked):",
+                                 "    ignoretp-r2-2: 0/1 (tp=2)"])
+    assert "pass-r2-2: 1/1" not in result.stdout.str()
+    verbose = run_matrix(text, "-v")
+    verbose.stdout.fnmatch_lines(["evidence (the run shows its label*", "    pass-r2-2: 1/1 (tp=2)",
+                                  "    ignoretp-r2-2: 0/1 (tp=2)"])
 
 
 def test_the_dry_run_says_what_will_be_checked(run_matrix):
@@ -82,7 +88,7 @@ def test_the_dry_run_says_what_will_be_checked(run_matrix):
 
     text = fake_matrix(args=', "--tp", "{tp}"').replace("  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1).replace(
         "target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
-    result = run_matrix(text, "--simplefsdp-dry-run")
+    result = run_matrix(text, "--simplefsdp-dry-run", "-v")
     result.stdout.fnmatch_lines(["*pass-r2-2*", "*", "  evidence: tp=2 <- mesh.tp"])
 
 

@@ -359,7 +359,7 @@ SECTIONS = """\
   reason: used to fail
 
 # --- section two
-- id: fake-fail-r2
+- id: fake-fail
   when: {mode: fail}
   error: 'an older error'
   kind: xfail
@@ -382,15 +382,15 @@ def test_update_keeps_untouched_lines_and_section_comments_and_follows_a_changed
     result.stdout.fnmatch_lines(["simplefsdp: 1 known-failure entries are for profiles not loaded here (not checked): "
                                  "other-matrix"])
     result.stdout.fnmatch_lines(["*removed now-passes: every cell it covers passed",
-                                 "*changed signature: fake-fail-r2 now expects /RuntimeError: fake failure on purpose/ "
+                                 "*changed signature: fake-fail now expects /RuntimeError: fake failure on purpose/ "
                                  "(was /an older error/)",
-                                 "*added fake-exit3-r2 (link: 'TODO*"])
+                                 "*added fake-exit3 for 1 cell (link: 'TODO*"])
     new = kf.read_text()
     before = SECTIONS.splitlines(keepends=True)
-    assert new.startswith("".join(before[:9]) + "\n# --- section two\n- id: fake-fail-r2\n")  # quoting kept
+    assert new.startswith("".join(before[:9]) + "\n# --- section two\n- id: fake-fail\n")  # quoting kept
     assert "now-passes" not in new
     assert "  error: 'RuntimeError: fake failure on purpose'  # signature changed " in new
-    assert "".join(before[-6:]) in new and new.splitlines()[-6] == "- id: fake-exit3-r2"
+    assert "".join(before[-6:]) in new and new.splitlines()[-6] == "- id: fake-exit3"
 
 
 def test_signature_keeps_addresses_as_documented():

@@ -17,8 +17,11 @@ def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, py
     result.stdout.fnmatch_lines([
         "*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2: cell 5.002 vs baseline 5.0 "
         "(|diff| 0.002; lane close: rtol 1e-05, atol 1e-05, 2 step(s) off)*",
-        "*pass-r2 vs pass-r2: lane exact, max |diff| 0,*",
+        "numerics: 2 cells compared with their baselines (1 bitwise equal, 0 within their lanes' tolerances, 1 outside)",
+        "    (-v lists them per cell)",
+        "*perturb-r2 vs pass-r2: lane close, max |diff| 0.002,*",
     ])
+    assert "pass-r2 vs pass-r2" not in result.stdout.str()  # a green cell's numerics only under -v
     cells = cells_of(out)
     bad = cells["perturb-r2"]["numerics"]
     assert bad["first_differing_step"] == 2 and bad["baseline"] == "pass-r2"

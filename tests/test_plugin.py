@@ -99,10 +99,20 @@ def test_leftover_process_fails_the_cell(run_matrix):
 
 
 def test_dry_run_prints_commands_and_launches_nothing(run_matrix, pytester):
-    result = run_matrix(fake_matrix(modes=["pass", "hang"], ranks=[2, 4]), "--simplefsdp-dry-run")
+    """One line per job and one command as an example (every rank's environment and argv of 69 cells was 400 KB);
+    every command under -v."""
+    text = fake_matrix(modes=["pass", "hang"], ranks=[2, 4])
+    result = run_matrix(text, "--simplefsdp-dry-run")
     result.assert_outcomes(skipped=4)
-    result.stdout.fnmatch_lines(["*fake.yaml::pass-r4  [[]4 ranks, timeout 30 s[]]*",
-                                 "*RANK=3 LOCAL_RANK=3 WORLD_SIZE=4*fake_rank.py --mode pass*"])
+    result.stdout.fnmatch_lines(["*simplefsdp dry run: cells*", "fake.yaml::pass-r2  [[]2 ranks, timeout 30 s[]]",
+                                 "fake.yaml::pass-r4  [[]4 ranks, timeout 30 s[]]",
+                                 "the command of pass-r2, as each job's is made*",
+                                 "*RANK=1 LOCAL_RANK=1 WORLD_SIZE=2*fake_rank.py --mode pass*"])
+    assert "--mode hang" not in result.stdout.str() and "WORLD_SIZE=4" not in result.stdout.str()
+    verbose = run_matrix(text, "--simplefsdp-dry-run", "-v")
+    verbose.stdout.fnmatch_lines(["*simplefsdp dry run: commands*", "fake.yaml::pass-r4  [[]4 ranks, timeout 30 s[]]",
+                                  "*RANK=3 LOCAL_RANK=3 WORLD_SIZE=4*fake_rank.py --mode pass*"])
+    assert "--mode hang" in verbose.stdout.str()
     assert not (pytester.path / "runs").exists()
 
 
@@ -212,7 +222,7 @@ def test_several_profiles_in_one_run(pytester, monkeypatch, profiles, names):
     result = pytester.runpytest_inprocess("--simplefsdp-matrix", f"--simplefsdp-profile={profiles}",
                                            "--simplefsdp-dry-run", "--co", "-q")
     collected = [line for line in result.stdout.lines if "::" in line and "[" not in line.split("::")[0]
-                 and " ranks, timeout " not in line]
+                 and ", timeout " not in line]
     want = [f"{n}.yaml::{cid}" for n in names for cid in shipped_cells(n)]
     assert [line.rsplit("/", 1)[-1] for line in collected] == want
 

@@ -5,6 +5,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -38,3 +40,23 @@ def test_the_readme_example_of_a_command_target_runs_as_shown(pytester):
     again = pytester.runpytest_subprocess(*argv[1:], "-p", "no:cacheprovider", timeout=600)
     again.assert_outcomes(passed=3, failed=2)
     assert again.ret == 1
+
+
+def first_commands():
+    """The pytest commands of the README's first command block, in order, without their comments."""
+    block = re.search(r"\n\n((?:    \S[^\n]*\n)+)", README.read_text()).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip().startswith("pytest")]
+
+
+def test_the_readme_starts_with_what_launches_nothing_then_the_smoke_tier(pytester):
+    """A newcomer's first command shows what would run and launches nothing; the second runs the few smoke cells;
+    the whole profile (25 minutes on CPU) only after. The first, run as shown, says it in a screenful or so."""
+    pytest.importorskip("torchtitan")
+    commands = first_commands()
+    assert commands[0] == "pytest --simplefsdp-matrix --simplefsdp-dry-run", commands
+    assert commands[1] == "pytest --simplefsdp-matrix -m smoke", commands
+    result = pytester.runpytest_subprocess(*shlex.split(commands[0])[1:], "-p", "no:cacheprovider", timeout=600)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    out = result.stdout.str()
+    assert "simplefsdp dry run: cells" in out and len(out) < 64_000, len(out)
+    assert not (pytester.path / ".simplefsdp").exists()  # nothing launched, nothing written

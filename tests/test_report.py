@@ -40,7 +40,7 @@ def test_compare_lists_and_marks_changes(run_matrix, pytester):
         elif cell["id"] == "fail-r2":
             cell["status"] = "passed"
         else:
-            cell["signature"] = "RuntimeError: something else"
+            cell["signature"] = cell["error_line"] = cell["error_text"] = "RuntimeError: something else"
     first.write_text(json.dumps(doc))
     md = pytester.path / "status.md"
     result = run_matrix(text, f"--simplefsdp-compare={first}", f"--simplefsdp-status-md={md}")

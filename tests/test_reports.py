@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import KF, fake_matrix, report_tool, run_doc
+from helpers import KF, NUMERICS, fake_matrix, report_tool, run_doc
 
 pytestmark = pytest.mark.fake
 
@@ -76,22 +76,85 @@ def test_the_update_command_leaves_a_file_the_next_run_accepts(run_matrix, pytes
     kf.write_text(held)
     modes = ["pass", "fail", "exit3"]
     run_matrix(fake_matrix(modes=modes), f"--simplefsdp-known-failures={kf}",
-               "--simplefsdp-update-known-failures").stdout.fnmatch_lines(["*added fake-exit3-r2 (link: 'TODO: *"])
+               "--simplefsdp-update-known-failures").stdout.fnmatch_lines(["*added fake-exit3 for 1 cell (link: 'TODO: *"])
     new = kf.read_text()
     for line in held.splitlines():
         if line.startswith("#"):
             assert line in new  # comments stay
-    assert "- id: fake-exit3-r2" in new and not list(pytester.path.glob(".kf.yaml.*"))  # no temporary file left
+    assert "- id: fake-exit3" in new and not list(pytester.path.glob(".kf.yaml.*"))  # no temporary file left
     again = run_matrix(fake_matrix(modes=modes), f"--simplefsdp-known-failures={kf}")
     again.assert_outcomes(passed=1, xfailed=2)
-    again.stdout.fnmatch_lines(["*known-failure entries have no link yet (TODO*fake-exit3-r2*"])
+    again.stdout.fnmatch_lines(["*known-failure entries have no link yet (TODO*fake-exit3*"])
     assert "XPASS" not in again.stdout.str()
+
+
+def test_a_green_run_says_its_numerics_and_evidence_in_a_few_lines_and_lists_them_under_v(run_matrix):
+    """pytest's convention: details for failures, more with -v. Four passing cells compared with their baseline:
+    no line per cell unless asked."""
+    text = fake_matrix(modes=["pass", "perturb"], ranks=(2, 4), args=', "--delta", "0.00002"', extra=NUMERICS)
+    quiet = run_matrix(text)
+    quiet.assert_outcomes(passed=4)
+    out = quiet.stdout.str()
+    quiet.stdout.fnmatch_lines(["numerics: 4 cells compared with their baselines (2 bitwise equal, 2 within their "
+                                "lanes' tolerances)", "    (-v lists them per cell)"])
+    assert " vs pass-r" not in out and "numerics (" not in out
+    section = out.split("simplefsdp composability")[1]
+    assert len(section.splitlines()) <= 14, section
+    verbose = run_matrix(text, "-v")
+    verbose.stdout.fnmatch_lines(["numerics (*", "    pass-r2 vs pass-r2: lane exact*", "    perturb-r4 vs pass-r4*"])
+
+
+def test_a_plain_run_writes_its_page_beside_its_records_and_says_where(run_matrix, pytester):
+    result = run_matrix(fake_matrix(modes=["pass", "fail"]))
+    page = pytester.path / "runs" / "index.html"
+    result.stdout.fnmatch_lines([f"results: {pytester.path / 'runs' / 'results.jsonl'}",
+                                 f"html page: {page} (--simplefsdp-html=PATH writes it elsewhere*"])
+    text = page.read_text()
+    assert "fail-r2" in text and "RuntimeError: fake failure on purpose" in text
+
+
+def test_the_update_command_drafts_one_entry_per_bug_with_the_axes_it_needs(run_matrix, pytester):
+    """Four cells fail, two bugs (two signatures), on both rank counts: two entries, each pinned to the mode alone
+    (the rank count is no condition: cells of every count fail and pass). The next run xfails all four."""
+    kf = pytester.path / "kf.yaml"
+    kf.write_text("")
+    matrix = fake_matrix(modes=["pass", "fail", "exit3"], ranks=(2, 4))
+    result = run_matrix(matrix, f"--simplefsdp-known-failures={kf}", "--simplefsdp-update-known-failures")
+    result.stdout.fnmatch_lines(["*added fake-fail for 2 cells (link: 'TODO*", "*added fake-exit3 for 2 cells*"])
+    new = kf.read_text()
+    assert new.count("- id: ") == 2 and "when: {profile: fake, mode: fail}" in new, new
+    assert "2 cells: fail-r2, fail-r4" in new
+    again = run_matrix(matrix, f"--simplefsdp-known-failures={kf}")
+    again.assert_outcomes(passed=2, xfailed=4)
+
+
+def test_a_drafted_entry_names_the_values_of_an_axis_its_cells_differ_on(tmp_path):
+    """A failure on tp 2 and 4 (never 1) is one entry with ``tp: [2, 4]``, which loads and matches both."""
+    from pytest_simplefsdp.judge.known import applies, load_known_failures
+    from pytest_simplefsdp.judge.results import CellResult
+    from pytest_simplefsdp.judge.update import drafts, update_file
+
+    def cell(tp, pp):
+        return CellResult(f"tp{tp}-pp{pp}", {"tp": tp, "pp": pp}, status="failed", failure_class="runtime",
+                          error_line="boom", signature="boom")
+
+    failing = [cell(2, 2), cell(4, 2)]
+    passing = [{"tp": t, "pp": p} for t, p in ((1, 1), (1, 2), (2, 1), (4, 1))]
+    (draft,) = drafts("p", failing, passing)
+    assert draft.id == "p-tp2_4-pp2" and draft.when == [("tp", [2, 4]), ("pp", 2)]
+    kf = tmp_path / "kf.yaml"
+    update_file(kf, [draft], set(), "2026-12-04", check=lambda p: load_known_failures(p, {"tp", "pp"}))
+    (entry,) = load_known_failures(kf, {"tp", "pp"}).entries
+    assert "when: {profile: p, tp: [2, 4], pp: 2}" in kf.read_text()
+    env = {"profile": "p"}
+    assert [applies(entry, c.axes, env) for c in failing] == [True, True]
+    assert not any(applies(entry, axes, env) for axes in passing)
 
 
 def test_the_update_never_replaces_the_file_with_one_that_would_not_load(tmp_path):
     from pytest_simplefsdp.judge.known import load_known_failures
     from pytest_simplefsdp.judge.results import CellResult
-    from pytest_simplefsdp.judge.update import update_file
+    from pytest_simplefsdp.judge.update import Draft, update_file
     from pytest_simplefsdp.yamlio import MatrixError
 
     kf = tmp_path / "kf.yaml"
@@ -99,7 +162,7 @@ def test_the_update_never_replaces_the_file_with_one_that_would_not_load(tmp_pat
     result = CellResult("c", {"mode": "x"}, status="failed", failure_class="runtime", error_line="boom",
                         signature="boom")
     with pytest.raises(MatrixError):  # the check refuses the new text: the old file stays byte for byte
-        update_file(kf, [("fake", result)], set(), "2026-12-03",
+        update_file(kf, [Draft("fake", [result], [("mode", "x")])], set(), "2026-12-03",
                     check=lambda p: load_known_failures(p, {"no-such-axis"}))
     assert kf.read_text() == KF and not list(tmp_path.glob(".kf.yaml.*"))
 
@@ -126,7 +189,7 @@ def test_the_report_tool_judges_with_the_runs_own_file_says_so_and_gates(run_mat
     assert proc.returncode == 0 and f"re-judged against {kf.resolve()}, the file that judged the run" in proc.stderr
     assert "xfail" in proc.stdout  # fail-r2 stays a known failure: not re-judged against the shipped file
     gate = report_tool(js, "--gate")
-    assert gate.returncode == 1 and "gate: 1 cells fail: exit3-r2" in gate.stderr
+    assert gate.returncode == 1 and "gate: 1 cell fails: exit3-r2" in gate.stderr
     kf.write_text(KF + "# changed\n")
     assert "(changed since: it no longer has the bytes that judged the run)" in report_tool(js).stderr
 
@@ -164,6 +227,29 @@ def test_which_combination_fails_on_a_grid_where_the_answer_is_known():
     assert sorted(found[0].cells) == ["deepseek_v3-2-aot_fx_trace", "llama3-2-aot_fx_trace"]
     alone = failing_combinations({"cells": [c for c in cells if c["status"] == "failed"]})
     assert not alone[0].separated  # no passing neighbour ran: only what they share, said so
+
+
+def test_which_combination_fails_names_every_axis_the_failure_needs_when_no_neighbour_is_one_axis_away():
+    """The shipped profile's shape: eager cells have memory_policy none, aot_fx_trace cells mp_default, so an eager
+    cell and its compiled twin differ in two axes. TP fails only compiled with PP (16 of 20 TP cells pass): the
+    answer is tp + pp + compile, not "tp=2". One bug whose losses differ in size (10.7, 1e+12, nan) is one line."""
+    from pytest_simplefsdp.report.combos import failing_combinations
+
+    cells = []
+    for dp, tp in ((d, t) for d in (1, 2) for t in (1, 2, 4)):
+        for pp in (1, 2):
+            for compile_, mp in (("eager", "none"), ("aot_fx_trace", "mp_default")):
+                axes = {"model": "llama3", "dp_shard": dp, "tp": tp, "pp": pp, "compile": compile_,
+                        "memory_policy": mp}
+                bad = tp > 1 and pp == 2 and compile_ == "aot_fx_trace"
+                loss = {(1, 2): "10.7", (2, 2): "1.5e+12"}.get((dp, tp), "nan")
+                cells.append({"id": f"dp{dp}-tp{tp}-pp{pp}-{compile_}", "axes": axes,
+                              "status": "failed" if bad else "passed", "failure_class": "numerics" if bad else None,
+                              "error_line": f"loss is {loss} at step 2" if bad else None})
+    found = failing_combinations({"cells": cells})
+    assert [(c.label(), len(c.cells), c.separated) for c in found] == [("tp=2|4 + pp=2 + compile=aot_fx_trace", 4, True)]
+    only_tp2 = [c for c in cells if c["axes"]["tp"] != 4]
+    assert [c.label() for c in failing_combinations({"cells": only_tp2})] == ["tp=2 + pp=2 + compile=aot_fx_trace"]
 
 
 def test_options_only_a_matrix_run_reads_are_refused_without_it(pytester):

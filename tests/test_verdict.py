@@ -216,16 +216,16 @@ def test_update_known_failures_adds_and_removes_keeping_comments(run_matrix, pyt
     path = kf_file(pytester, text)
     result = run_matrix(with_error("RuntimeError: brand new failure 42"), f"--simplefsdp-known-failures={path}",
                         "--simplefsdp-update-known-failures")
-    result.stdout.fnmatch_lines(["*removed now-passes: every cell it covers passed*", "*added fake-fail-r2 (link: 'TODO*"])
+    result.stdout.fnmatch_lines(["*removed now-passes: every cell it covers passed*", "*added fake-fail for 1 cell (link: 'TODO*"])
     new = path.read_text()
     assert new.startswith("# a comment that survives updates\n- id: fake-eq\n")
-    assert "now-passes" not in new and "id: fake-fail-r2" in new and "link: 'TODO: the upstream issue'" in new
+    assert "now-passes" not in new and "id: fake-fail" in new and "link: 'TODO: the upstream issue'" in new
     assert "  error: 'RuntimeError: brand new failure N'\n" in new
     # the next run accepts the file: the new entry judges its cell, and the header asks for its link
     result = run_matrix(with_error("RuntimeError: brand new failure 42"), f"--simplefsdp-known-failures={path}")
     result.assert_outcomes(passed=1, xfailed=1)
     result.stdout.fnmatch_lines(["simplefsdp: 1 known-failure entries have no link yet (TODO: name the upstream "
-                                 "issue): fake-fail-r2"])
+                                 "issue): fake-fail"])
 
 
 def test_signature_matching_is_linear_time():

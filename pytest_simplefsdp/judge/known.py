@@ -45,13 +45,17 @@ def signature(error_text: str | None) -> str:
     """The parts of an error that identify it, with run- and layout-specific parts replaced.
 
     Symbol numbers (u0, s27), addresses, object ids, numbers that follow the batch shape
-    (Eq(u0 + u1, 6144) == Eq(u0 + u1, 3072)), temp paths and rank prefixes become placeholders.
+    (Eq(u0 + u1, 6144) == Eq(u0 + u1, 3072)) or a loss's size (10.7, 1e+12, nan), temp paths and rank prefixes
+    become placeholders.
     """
     if not error_text:
         return ""
     text = re.sub(r"\[rank\d+\]:?", "", error_text)
     text = re.sub(r"\b0x[0-9a-fA-F]+\b", "0xADDR", text)
     text = re.sub(r"(?<![\w.])(/[\w.\-+]+)+/?", "<path>", text)
+    # a number standing alone, whatever its size or spelling (12, -0.5, 1.2e-03, nan, inf), is one placeholder: a
+    # loss of 10.7 and one of 1e+12 are the same failure
+    text = re.sub(r"(?<![\w.])[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)(?![\w.])", "N", text)
     text = re.sub(r"0xADDR|\d+", lambda m: m.group(0) if m.group(0) == "0xADDR" else "N", text)  # (not NxADDR)
     text = re.sub(r"\s+", " ", text).strip()
     return text[:2000]

@@ -6,22 +6,53 @@ from __future__ import annotations
 import io
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from ..kinds import KnownKind
+from ..spec.cells import value_id
+from .combination import needs
 from .known import TODO_LINK
+
+
+@dataclass
+class Draft:
+    """One new entry, as a person writes one per bug: the failures of one signature in one profile, and the axis
+    values they need (judge.combination: what they share and no passing cell has), not every axis of a cell."""
+    profile: str
+    results: list  # the CellResults failing with it
+    when: list  # [(axis, value or [values])]
+
+    @property
+    def id(self):
+        def part(axis, value):
+            values = value if isinstance(value, list) else [value]
+            text = "_".join(value_id(v) for v in values)
+            return text if all(isinstance(v, str) for v in values) else f"{axis}{text}"
+        return "-".join([self.profile, *(part(a, v) for a, v in self.when)])
+
+
+def drafts(profile, failing, passing_axes) -> list[Draft]:
+    """The new failures of a profile grouped by signature (and flakiness), each with the values it needs against
+    the axes of the profile's passing cells."""
+    groups = {}
+    for r in failing:
+        groups.setdefault((r.signature or "", bool(r.flaky)), []).append(r)
+    return [Draft(profile, results, needs([r.axes for r in results], passing_axes).values)
+            for results in groups.values()]
 
 
 def update_file(path, new_failures, passing_entries, date, check=None, windows=None):
     """Update a known-failures file as a person would edit it: every untouched line stays byte for byte (quoting,
     comments, blank lines, order), and the result must load again.
 
-    ``new_failures``: (profile, CellResult) of failures no entry explained. A cell whose own entry (the id this
-    update gives it) expects another error gets that entry's ``error`` replaced (a changed signature); any
-    other becomes a new entry at the end with the placeholder link (known.TODO_LINK: it loads with a warning until
+    ``new_failures``: Drafts (see ``drafts``) of failures no entry explained, one per signature. A draft whose
+    entry (the id this update gives it, from the values it needs) exists and expects another error gets that
+    entry's ``error`` replaced (a changed signature); any other becomes a new entry at the end with the placeholder
+    link (known.TODO_LINK: it loads with a warning until
     it names the upstream issue). ``passing_entries``: ids of xfail entries all of whose cells passed: removed with
     the comment lines directly above them, unless those are the file's header (the comments before its first entry)
     or a section heading (a comment block set apart by a blank line). The new text is written to a temporary file,
@@ -53,8 +84,11 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
                 first = above  # the entry's own comment
             drop.update(range(first, last + 1))
             changes.append(f"removed {eid}: every cell it covers passed")
-    for profile, result in new_failures:
-        eid = f"{profile}-{result.id}"
+    for draft in new_failures:
+        result = draft.results[0]
+        eid = draft.id
+        while eid in added:  # (two signatures that need the same values)
+            eid = f"{eid}-{len(added) + 1}"
         pattern = _escape(" ".join((result.signature or "").split(" ")[:12]))
         if eid in ids:
             first, last = spans[ids[eid]]
@@ -65,27 +99,32 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
             lines[at] = f"{indent}error: {_scalar(dumper, pattern)}  # signature changed {date}\n"
             changes.append(f"changed signature: {eid} now expects /{pattern}/ (was /{doc[ids[eid]].get('error')}/)")
             continue
-        if eid in added:
-            continue
-        window = windows.pop(eid, {})
+        # a window found for the entry or for one of its cells
+        window = next((windows.pop(k) for k in [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)]
+                       if k in windows), {})
         # a window says on which versions it fails: the version set the cell ran on is then no condition of its own
-        axes = {k: v for k, v in result.axes.items() if not (window and k == "versions")}
-        when = CommentedMap([("profile", profile), *axes.items()])
+        when = CommentedMap([("profile", draft.profile)])
+        for axis, value in draft.when:
+            if not (window and axis == "versions"):
+                when[axis] = _flow(CommentedSeq(value)) if isinstance(value, list) else value
         when.fa.set_flow_style()
-        rate = (result.confirm or {}).get("pass_rate") if result.flaky else None
+        rates = [(r.confirm or {}).get("pass_rate") for r in draft.results if r.flaky]
+        rate = rates[0] if rates and rates[0] is not None else None
+        cells = ", ".join(r.id for r in draft.results)
         entry = CommentedMap([("id", eid), ("when", when), ("error", pattern),
                               ("kind", str(KnownKind.FLAKY if rate is not None else KnownKind.XFAIL)),
                               *([("pass_rate", rate)] if rate is not None else []),
                               ("link", TODO_LINK), ("reason", f"{result.failure_class}: "
-                                                              f"{(result.error_line or '')[:160]} (first seen {date})")])
+                                                              f"{(result.error_line or '')[:160]} (first seen {date}; "
+                                                              f"{_cells(len(draft.results))}: {cells[:300]})")])
         for key, value in window.items():
-            entry[key] = CommentedMap(value)
-            entry[key].fa.set_flow_style()
+            entry[key] = _flow(CommentedMap(value))
         added.append(eid)
         out = io.StringIO()
         dumper.dump([entry], out)
         lines.append(("" if not lines or lines[-1].endswith("\n") else "\n") + out.getvalue())
-        changes.append(f"added {eid} (link: {TODO_LINK!r}: name it; the file loads with a warning until then)")
+        changes.append(f"added {eid} for {_cells(len(draft.results))} (link: {TODO_LINK!r}: name it; the file loads "
+                       f"with a warning until then)")
     if not changes:  # nothing to say: the file stays as it is, byte for byte
         return changes
     text = "".join(line for n, line in enumerate(lines) if n not in drop)
@@ -93,6 +132,15 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
         text += ("" if not text or text.endswith("\n") else "\n") + "[]\n"
     _replace(path, text, check)
     return changes
+
+
+def _flow(node):
+    node.fa.set_flow_style()
+    return node
+
+
+def _cells(n):
+    return f"{n} cell{'' if n == 1 else 's'}"
 
 
 def _parsed(text):

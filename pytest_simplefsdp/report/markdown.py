@@ -130,10 +130,10 @@ def combinations_md(run):
     if not found:
         return []
     out = ["**Which combination fails** (the axis values every cell failing with an error shares and no passing "
-           "neighbour has):", ""]
+           "cell has):", ""]
     for c in found:
         entry = f", known failure `{c.known}`" if c.known else ""
-        what = c.label() if c.separated else f"{c.label()} (no passing neighbour ran: what they share)"
+        what = c.label() if c.separated else f"{c.label()} (no passing cell tells them apart: what they share)"
         out.append(f"- {what}: {len(c.cells)} cells{entry}: {code(c.signature[:160])}")
     return out + [""]
 

@@ -177,7 +177,7 @@ def _run(run, changes, link):
     combos = failing_combinations(run)
     if combos:
         out.append("<h3>Which combination fails</h3><ul>")
-        out.extend(f"<li><b>{_e(c.label())}</b>{'' if c.separated else ' (no passing neighbour ran)'}: "
+        out.extend(f"<li><b>{_e(c.label())}</b>{'' if c.separated else ' (no passing cell tells them apart: what they share)'}: "
                    f"{len(c.cells)} cells{', known failure ' + _e(c.known) if c.known else ''}: "
                    f"<code>{_e(c.signature[:200])}</code></li>" for c in combos)
         out.append("</ul>")

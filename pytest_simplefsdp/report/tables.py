@@ -57,7 +57,9 @@ def grid(run, cell=None, na=None, not_run=NOT_RUN, every_row=False):
     return headers, body
 
 
-def footnotes(run):
+def footnotes(run, verbose=False):
+    """What the grid cannot say: each failure's line, signature and logs; the numerics and evidence of the cells
+    (per cell with ``verbose``, else summed up, per cell only where a cell did not pass); the rules' drops."""
     lines = []
     for rec in run["cells"]:
         if rec.get("status") in ("failed", "xfailed", "xpassed"):
@@ -74,25 +76,52 @@ def footnotes(run):
             lines.append(f"    logs: {rec.get('log_dir', '')}")
         if rec.get("plot"):
             lines.append(f"    loss and grad-norm curves: {rec['plot']}")
+    lines.extend(_proofs(run, verbose))
+    by_rule = Counter(rec["rule"] for rec in run["dropped"])
+    if by_rule:
+        lines.append(f"n/a: {sum(by_rule.values())} cells dropped by rule: "
+                     + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common()))
+    return lines
+
+
+def _proofs(run, verbose):
+    """The numerics and evidence lines: quiet on success, as pytest is (details for failures, more with -v)."""
+    lines = []
     compared = [rec for rec in run["cells"] if rec.get("numerics")]
+    shown = [rec for rec in run["cells"] if rec.get("evidence")]
+    if not verbose:
+        if compared:
+            off = sum(1 for rec in compared if rec.get("failure_class") == "numerics")
+            equal = sum(1 for rec in compared if rec["numerics"]["max_abs_diff"] == 0)
+            lines.append(f"numerics: {_n(len(compared), 'cell')} compared with their baselines ({equal} bitwise equal, "
+                         f"{len(compared) - equal - off} within their lanes' tolerances"
+                         + (f", {off} outside)" if off else ")"))
+        if shown:
+            checks = [e["ok"] for rec in shown for e in rec["evidence"]]
+            lines.append(f"evidence: {_n(len(shown), 'cell')} checked against their labels ({sum(checks)} of "
+                         f"{_n(len(checks), 'check')} hold)")
+        if compared or shown:
+            lines.append("    (-v lists them per cell)")
+        compared = [rec for rec in compared if rec.get("status") != "passed"]
+        shown = [rec for rec in shown if rec.get("status") != "passed"]
     if compared:
         lines.append("numerics (≡ bitwise equal to the baseline, ≈ within the lane's tolerance):")
         for rec in compared:
             n = rec["numerics"]
             lines.append(f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
                          f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}{_params_note(n)}")
-    shown = [rec for rec in run["cells"] if rec.get("evidence")]
     if shown:
         lines.append("evidence (the run shows its label: checks that hold / checks, labels checked):")
         for rec in shown:
             held = sum(1 for e in rec["evidence"] if e["ok"])
             labels = ", ".join(dict.fromkeys(e["axis"] for e in rec["evidence"]))
             lines.append(f"    {rec['id']}: {held}/{len(rec['evidence'])} ({labels})")
-    by_rule = Counter(rec["rule"] for rec in run["dropped"])
-    if by_rule:
-        lines.append(f"n/a: {sum(by_rule.values())} cells dropped by rule: "
-                     + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common()))
     return lines
+
+
+def _n(count, noun):
+    """``1 cell``, ``2 cells``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _params_note(numerics):
@@ -126,7 +155,8 @@ def ran_under(run):
     return asked if not used or used == [asked] else f"{', '.join(used)} (asked: {asked})"
 
 
-def render_text(doc):
+def render_text(doc, verbose=False):
+    """The terminal's report of a run; ``verbose`` (-v) lists every cell's numerics and evidence."""
     out = []
     for run in doc["runs"]:
         meta = run["meta"]
@@ -145,7 +175,7 @@ def render_text(doc):
                            "valid cell)")
         if run.get("mutants"):
             out.append(tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="simple"))
-        out.extend(footnotes(run))
+        out.extend(footnotes(run, verbose))
         out.append("")
     return "\n".join(out)
 
@@ -191,5 +221,6 @@ def broken(rec):
 
 
 def rec_signature(rec):
-    """A stored record's failure signature (older records may lack it: made from its error text)."""
-    return rec.get("signature") or signature(rec.get("error_text") or rec.get("error_line"))
+    """A stored record's failure signature, made again from its error text (a record stored before a placeholder
+    was added keeps the older form otherwise)."""
+    return signature(rec.get("error_text") or rec.get("error_line")) or rec.get("signature") or ""

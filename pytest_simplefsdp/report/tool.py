@@ -85,6 +85,8 @@ def main(argv=None):
     parser.add_argument("--compare", metavar="OLD", type=Path,
                         help="an older stored run: list newly broken, newly fixed and changed-signature cells "
                              "(matched by profile and cell id) and mark them in the tables")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="text: list every cell's numerics and evidence (default: summed up; failures in full)")
     parser.add_argument("--html", metavar="PATH", type=Path,
                         help="also write the run as an HTML page: DIR/index.html, or one self-contained FILE.html")
     args = parser.parse_args(argv)
@@ -107,7 +109,7 @@ def main(argv=None):
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:  # byte for byte what --simplefsdp-status-md wrote for the same run, known failures and folder
-        sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc) + "\n")
+        sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc, args.verbose) + "\n")
     if old is not None and args.format == "text":
         sys.stdout.write(f"changes since {args.compare}:\n")
         sys.stdout.writelines(f"  {line}\n" for line, _ in change_lines(doc["comparison"]))
@@ -115,7 +117,7 @@ def main(argv=None):
         print(f"html: {page.write(doc, args.html)}", file=sys.stderr)
     failed = [rec["id"] for run in doc["runs"] for rec in run["cells"] if rec["status"] == Status.FAILED]
     if args.gate and failed:
-        print(f"gate: {len(failed)} cells fail: {', '.join(failed[:8])}{' ...' if len(failed) > 8 else ''}",
+        print(f"gate: {len(failed)} cell{'' if len(failed) == 1 else 's'} fail{'s' if len(failed) == 1 else ''}: {', '.join(failed[:8])}{' ...' if len(failed) > 8 else ''}",
               file=sys.stderr)
         return 1
     return 0

@@ -12,9 +12,10 @@ from .progress import duration
 from .schedule import plan
 
 
-def summary(state, selected, progress, tr):
-    """Every job the run would launch, in the order it would: seed checkpoints, baselines, then the cells,
-    each with its exact command (the cells' with the seed flags they will get)."""
+def summary(state, selected, progress, tr, verbose=False):
+    """Every job the run would launch, in the order it would: seed checkpoints, baselines, then the cells, one line
+    each; with ``verbose`` (-v) each with its exact command (every rank's environment and argv; the cells' with the
+    seed flags they will get) and what its evidence will check. Without, the first cell's command as an example."""
     if state.settings.plan is not None:
         return _plan(state, selected, progress, tr)
     seeds, baselines = {}, {}
@@ -32,18 +33,24 @@ def summary(state, selected, progress, tr):
             kept = state.book.kept.kept(job.name, job.key)
             tr.write_line(f"{run.name}: {job.name}  [1 rank] -> {job.folder / 'checkpoint' / 'step-0'}"
                           + ("  (kept from an earlier run: not run again)" if kept else ""))
-            tr.write_line(f"  {state.runner.launcher_for(run).reproducer(spec)}")
+            if verbose:
+                tr.write_line(f"  {state.runner.launcher_for(run).reproducer(spec)}")
     if baselines:
         tr.section("simplefsdp dry run: numerics baselines (run once, before the first cell compared with them)")
         for run, base, users in baselines.values():
             job = state.book.seed_job(run, base)
             kept = state.book.kept.kept(base.id, state.book.baseline_key(run, base, job.folder if job else None))
-            _job(state, tr, run, base, f"baseline of {len(users)} cells: {', '.join(users[:4])}"
+            _job(state, tr, run, base, verbose, f"baseline of {len(users)} cells: {', '.join(users[:4])}"
                                          f"{' ...' if len(users) > 4 else ''}"
                                          + ("  (kept from an earlier run: not run again)" if kept else ""))
-    tr.section("simplefsdp dry run: commands")
+    tr.section("simplefsdp dry run: " + ("commands" if verbose else "cells"))
     for run, cell in selected:
-        _job(state, tr, run, cell)
+        _job(state, tr, run, cell, verbose)
+    if not verbose and selected:
+        run, cell = selected[0]
+        tr.write_line(f"the command of {cell.id}, as each job's is made (every rank's, with what its evidence checks, "
+                      f"under -v):")
+        _command(state, tr, run, cell)
     for run in state.runs:
         tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
     if seeds:
@@ -80,13 +87,24 @@ def _plan(state, selected, progress, tr):
                   + "; the others estimated per cell size (CPU: the measured median under its launcher; GPU: 60 s)")
 
 
-def _job(state, tr, run, cell, note=""):
+def _job(state, tr, run, cell, verbose, note=""):
+    spec = state.runner.spec_for(run, cell, port=29500, seed=_seed(state, run, cell))
+    tr.write_line(f"{run.name}::{cell.id}  [{cell.world} rank{'' if cell.world == 1 else 's'}, timeout "
+                  f"{spec.timeout:.0f} s]" + (f"  {note}" if note else ""))
+    if verbose:
+        _command(state, tr, run, cell)
+
+
+def _seed(state, run, cell):
     job = state.book.seed_job(run, cell)
-    spec = state.runner.spec_for(run, cell, port=29500, seed=job.folder if job else None)
-    tr.write_line(f"{run.name}::{cell.id}  [{cell.world} ranks, timeout {spec.timeout:.0f} s]"
-                  + (f"  {note}" if note else ""))
+    return job.folder if job else None
+
+
+def _command(state, tr, run, cell):
+    seed = _seed(state, run, cell)
+    spec = state.runner.spec_for(run, cell, port=29500, seed=seed)
     for step in run.target.before_steps(cell):  # (e.g. precompile: one process, before the ranks)
-        before = state.runner.step_spec(run, cell, step, seed=job.folder if job else None, port=29500)
+        before = state.runner.step_spec(run, cell, step, seed=seed, port=29500)
         tr.write_line(f"  first, the {step} step [1 process]: {state.runner.launcher_for(run).reproducer(before)}")
     tr.write_line(f"  {state.runner.launcher_for(run).reproducer(spec)}")
     plan = run.target.evidence_plan(cell)

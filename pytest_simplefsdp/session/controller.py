@@ -41,12 +41,14 @@ class Controller:
             if ids:
                 self.header.append(f"simplefsdp: {len(ids)} known-failure entries {what}: {', '.join(ids[:6])}"
                                    f"{' ...' if len(ids) > 6 else ''}")
+        # -v asked for: the report lists every cell's numerics and evidence (a green run says them in two lines)
+        self.verbose = config.option.verbose > 0
         if config.option.verbose == 0:  # a line per cell (its outcome, time, ETA): a cell takes minutes
             config.option.verbose = 1
         self.progress = None
         self.shown = set()  # cells whose progress line was written
         self.keys, self.ticker = {}, None  # node id -> cell key; the running cell's line
-        self.reporter = Reporter(state)
+        self.reporter = Reporter(state, self.verbose)
 
     # --- collection ---------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from tabulate import tabulate
 
 from ..judge.known import load_known_failures
 from ..judge.results import CellResult
-from ..judge.update import update_file
+from ..judge.update import drafts, update_file
 from ..kinds import GateClass, KnownKind, RecordType, Status
 from ..machine import versions
 from ..paths import KNOWN_FAILURES, PACKAGE
@@ -33,8 +33,8 @@ from ..yamlio import MatrixError
 
 
 class Reporter:
-    def __init__(self, state):
-        self.state, self.settings = state, state.settings
+    def __init__(self, state, verbose=False):
+        self.state, self.settings, self.verbose = state, state.settings, verbose
         self.selected = []  # (run, cell) of the collected items, in order
         self.progress = None
         self.incidents, self.leftover_lines, self.update_lines, self.update_path = [], [], [], None
@@ -43,7 +43,7 @@ class Reporter:
     def summary(self, tr):
         s, state = self.settings, self.state
         if s.dry_run:
-            lookahead.summary(state, self.selected, self.progress, tr)
+            lookahead.summary(state, self.selected, self.progress, tr, self.verbose)
             return
         if state.config.option.collectonly:  # no run: no report is written, no stored run is touched
             return
@@ -65,7 +65,7 @@ class Reporter:
         tr.section("simplefsdp composability")
         for line in self.update_lines:
             tr.write_line(f"{self.update_path}: {line}")
-        tr.write_line(render_text(doc))
+        tr.write_line(render_text(doc, self.verbose))
         self.gate_section(tr, doc)
         self.twin_section(tr, doc)
         self.bisect_section(tr, doc)
@@ -157,8 +157,11 @@ class Reporter:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text())
                 tr.write_line(f"{what}: {path}")
-        if s.html:
-            tr.write_line(f"html page: {page.write(doc, s.html)}")
+        # the page is written by default beside the run's records (a run that stored nothing has no page)
+        html = s.html or (self.state.run_dir if self.state.store.jsonl is not None else None)
+        if html:
+            tr.write_line(f"html page: {page.write(doc, html)}" + ("" if s.html else " (--simplefsdp-html=PATH "
+                                                                    "writes it elsewhere; with the wall-time plot)"))
 
     def coverage(self, tr):
         """--simplefsdp-coverage: the upstream suite's coverage by the shipped profiles, written and summed up."""
@@ -213,8 +216,12 @@ class Reporter:
         cells = [(runs[r["matrix"]], CellResult.from_record(r)) for r in state.store.records
                  if r["type"] == RecordType.CELL and not r.get("mutant")]
         # (a cell that never ran, or that its baseline or seed checkpoint failed, has no failure of its own to record)
-        new = [(run.matrix.profile, r) for run, r in cells if r.status == Status.FAILED and not r.known_failure
-               and r.failure_class and not r.not_run and not r.culprit]
+        new = []  # one draft per signature and profile, with the values no passing cell of the profile has
+        for run in runs.values():
+            mine = [r for m, r in cells if m is run and not r.not_run and not r.culprit]
+            failing = [r for r in mine if r.status == Status.FAILED and not r.known_failure and r.failure_class]
+            passing = [r.axes for r in mine if r.failure_class is None and r.status != Status.SKIPPED]
+            new.extend(drafts(run.matrix.profile, failing, passing) if failing else [])
         outcomes = {}  # known-failure id -> [cell passed?] for the cells it applied to
         for run, r in cells:
             for e in state.entries_for(run, r):
