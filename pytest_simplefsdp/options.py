@@ -16,6 +16,7 @@ import pytest
 from .kinds import Tier
 from .paths import MATRIX_DIR
 from .versions.sets import VersionError, parse
+from .words import did_you_mean
 
 GROUP = ("simplefsdp", "SimpleFSDP composability matrix (pytest-simplefsdp)")
 
@@ -46,7 +47,8 @@ def one_of(*choices, optional=False):
         if optional and value in (None, ""):
             return None
         if value not in choices:
-            raise pytest.UsageError(f"--simplefsdp-{name}: unknown value {value!r}; known: {', '.join(choices)}")
+            raise pytest.UsageError(f"--simplefsdp-{name}: unknown value {value!r}; known: {', '.join(choices)}"
+                                    + did_you_mean(value, choices))
         return value
     return check
 

@@ -43,3 +43,14 @@ def output_root(folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         ignore.write_text("# Created by pytest-simplefsdp automatically.\n*\n")
     return folder
+
+
+def shown(path, root) -> str:
+    """A path as a report shows it: relative to ``root`` (the rootdir) where it lies under it, as pytest shows test
+    files; else as it is."""
+    if not path:
+        return ""
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(path)

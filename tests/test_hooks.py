@@ -84,7 +84,7 @@ def test_a_conftest_adds_a_target_a_launcher_and_sees_every_result(pytester):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*target=echo * flags=the conftest's own launcher=counting*",
                                  "*hooks.yaml::pass PASSED*", "*hooks.yaml::nan FAILED*",
-                                 "*2 of 2 valid cells run*; 1 combinations n/a*"])
+                                 "*2 of 2 valid cells run*; 1 combination n/a*"])
     # a new failure is run once more before it counts (--simplefsdp-confirm=2, the default): one record still
     assert (pytester.path / "launched.txt").read_text() == "pass nan nan/confirm2"
     assert (pytester.path / "records.txt").read_text().splitlines() == ["cell pass passed", "cell nan failed"]

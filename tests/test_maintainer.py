@@ -245,6 +245,32 @@ def test_a_node_id_from_a_failed_line_runs_that_cell_and_test_paths_are_refused(
     refused.stderr.fnmatch_lines(["ERROR: test_plain.py: not a matrix file or a cell of one; *drop it to run test files*"])
     unknown = pytester.runpytest_subprocess("--simplefsdp-matrix", "fake.yaml::nosuch-r2")
     unknown.stderr.fnmatch_lines(["ERROR: *fake.yaml: no valid cell nosuch-r2*"])
+    near = pytester.runpytest_subprocess("--simplefsdp-matrix", "fake.yaml::fial-r2")
+    assert near.ret == pytest.ExitCode.USAGE_ERROR
+    near.stderr.fnmatch_lines(["ERROR: *fake.yaml: no valid cell fial-r2; did you mean 'fail-r2'? *"])
+    assert "collected" not in near.stdout.str()  # refused before anything is collected
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--simplefsdp-launcher=forkk"], "--simplefsdp-launcher: unknown launcher 'forkk'; built in: *; did you mean 'fork'?"),
+    (["--simplefsdp-profile=cpuu"], "--simplefsdp-profile: unknown profile 'cpuu'; known: *; did you mean 'cpu'?"),
+], ids=["launcher", "profile"])
+def test_a_near_miss_of_an_option_value_says_what_was_meant(pytester, args, said):
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {said}"])
+
+
+def test_a_near_miss_in_a_file_says_what_was_meant(run_matrix, pytester):
+    """A known-failures condition on `reduse` (the axis is `reduce`), a matrix key `world_size` (`world_sizes`)."""
+    kf = pytester.path / "kf.yaml"
+    kf.write_text("- id: x\n  when: {reduse: sum}\n  error: e\n  kind: xfail\n  link: https://github.com/a/b/issues/1\n"
+                  "  reason: r\n")
+    matrix = fake_matrix(modes=["pass"]).replace("  mode: [", "  reduce: [sum]\n  mode: [", 1)
+    bad_kf = run_matrix(matrix, f"--simplefsdp-known-failures={kf}")
+    bad_kf.stderr.fnmatch_lines(["*kf.yaml:2*condition on unknown axis 'reduse'*; did you mean 'reduce'?"])
+    bad_matrix = run_matrix(fake_matrix().replace("world_sizes:", "world_size:"))
+    bad_matrix.stderr.fnmatch_lines(["*fake.yaml:*unknown * key 'world_size'*; did you mean 'world_sizes'?"])
 
 
 # --- while it runs, and what it leaves --------------------------------------------------------------

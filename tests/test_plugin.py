@@ -36,7 +36,8 @@ def test_pass_and_fail(run_matrix, tmp_path):
         "*fake.yaml::fail-r2 FAILED*",
         "*fail-r2: [[]runtime[]] RuntimeError: fake failure on purpose",
         "*first failing rank: 1*",
-        "*rerun: *fake_rank.py --mode fail*",
+        "  rerun: pytest --simplefsdp-matrix fake.yaml::fail-r2",
+        "  the ranks' command: *fail-r2/command.txt",
         "*simplefsdp composability*",
     ])
     doc = json.loads(out.read_text())
@@ -175,7 +176,9 @@ def test_torchrun_launcher_names_the_first_failing_rank(run_matrix):
     result.stdout.fnmatch_lines(["*fail-r2: [[]runtime[]] RuntimeError: fake failure on purpose*",
                                  "*first failing rank: 1*",
                                  "*segv-r2: [[]crash[]] rank 1 killed by SIGSEGV*",
-                                 "*rerun: *torchrun --nproc-per-node=2*--no-python*"])
+                                 "*the ranks' command: *segv-r2/command.txt"])
+    command = next(line for line in result.stdout.lines if "the ranks' command: " in line).split(": ", 1)[1]
+    assert "torchrun --nproc-per-node=2" in open(command).read() and "--no-python" in open(command).read()
     assert not marked("fail-r2") and not marked("segv-r2") and not marked("pass-r2")
 
 

@@ -104,11 +104,46 @@ def test_a_green_run_says_its_numerics_and_evidence_in_a_few_lines_and_lists_the
     verbose.stdout.fnmatch_lines(["numerics (*", "    pass-r2 vs pass-r2: lane exact*", "    perturb-r4 vs pass-r4*"])
 
 
+FLAKY_KF = """\
+- id: fake-flaky
+  when: {mode: pass}
+  error: 'fake failure'
+  kind: flaky
+  link: https://github.com/pytorch/torchtitan/pull/1
+  reason: passes or fails
+"""
+
+
+def test_the_status_markdown_pastes_as_it_is(run_matrix, pytester):
+    """No machine path as text, every ➖ with its rule's reason, a known flaky cell that passed shown as a pass,
+    counts in the singular where they are one."""
+    kf = pytester.path / "kf.yaml"
+    kf.write_text(FLAKY_KF + KF)
+    md = pytester.path / "out" / "status.md"
+    rule = "rules:\n  - name: exit3-on-two\n    drop_if: \"mode == 'exit3' and ranks == 4\"\n    reason: two ranks only\n"
+    run_matrix(fake_matrix(modes=["pass", "fail", "exit3"], ranks=(2, 4), extra=rule),
+               f"--simplefsdp-known-failures={kf}", f"--simplefsdp-status-md={md}").assert_outcomes(
+        passed=2, xfailed=2, failed=1)
+    first = run_matrix(fake_matrix(), f"--simplefsdp-json={pytester.path / 'old.json'}")
+    assert first.ret == 0
+    again = run_matrix(fake_matrix(modes=["pass", "fail", "exit3"], ranks=(2, 4), extra=rule),
+                       f"--simplefsdp-known-failures={kf}", f"--simplefsdp-status-md={md}",
+                       f"--simplefsdp-compare={pytester.path / 'old.json'}")
+    text = md.read_text()
+    assert str(pytester.path) not in text, [line for line in text.splitlines() if str(pytester.path) in line]
+    assert "judged against `../kf.yaml`" in text and "**Changes since `../old.json`:**" in text
+    assert "| exit3    | ❌[^" in text and "ruled out by rule `exit3-on-two`: `two ranks only`" in text
+    grid_row = next(line for line in text.splitlines() if line.startswith("| pass "))
+    assert grid_row.count("✅🔁") == 2, grid_row
+    assert "1 combination n/a" in text and "- mode=exit3: 1 cell:" in text
+    assert again.ret == 1
+
+
 def test_a_plain_run_writes_its_page_beside_its_records_and_says_where(run_matrix, pytester):
     result = run_matrix(fake_matrix(modes=["pass", "fail"]))
     page = pytester.path / "runs" / "index.html"
-    result.stdout.fnmatch_lines([f"results: {pytester.path / 'runs' / 'results.jsonl'}",
-                                 f"html page: {page} (--simplefsdp-html=PATH writes it elsewhere*"])
+    result.stdout.fnmatch_lines(["results: runs/results.jsonl",  # (relative to the rootdir, as pytest's paths)
+                                 "html page: runs/index.html (--simplefsdp-html=PATH writes it elsewhere*"])
     text = page.read_text()
     assert "fail-r2" in text and "RuntimeError: fake failure on purpose" in text
 
@@ -280,6 +315,17 @@ def test_the_running_cells_line_says_how_long_it_has_run_against_its_expected_ti
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["    fake.yaml::pass-r2: running *s of ~*s expected",
                                  "fake.yaml::pass-r2 PASSED *"])
+
+
+def test_the_running_cells_line_says_what_it_waits_for(run_matrix, pytester):
+    """Its baseline (run before the comparison), then a confirming run of a failure: named, with their own time."""
+    pytester.makeconftest("from pytest_simplefsdp.session import controller\ncontroller.Ticker.PLAIN_S = 1.0\n")
+    text = fake_matrix(modes=["pass", "perturb"], args=', "--startup", "3", "--delta", "0.5"', extra=NUMERICS)
+    result = run_matrix(text, "-k", "perturb", "--simplefsdp-confirm=2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["    fake.yaml::perturb-r2: running *s of ~*s expected: its baseline for *s",
+                                 "    fake.yaml::perturb-r2: running *s of ~*s expected: confirming run 2 of 2 for *s",
+                                 "fake.yaml::perturb-r2 FAILED *"])
 
 
 @pytest.fixture

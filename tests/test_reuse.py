@@ -28,7 +28,7 @@ def test_a_baseline_job_is_kept_and_used_again_until_an_input_changes_or_the_run
     assert len(kept) == 1 and (kept[0] / "reuse.json").is_file() and (kept[0] / "evidence").is_dir()
 
     dry = run_matrix(text, "--simplefsdp-dry-run", "-k", "perturb")
-    dry.stdout.fnmatch_lines(["*::baseline-pass-r2 *baseline of 1 cells: perturb-r2  (kept from an earlier run: "
+    dry.stdout.fnmatch_lines(["*::baseline-pass-r2 *baseline of 1 cell: perturb-r2  (kept from an earlier run: "
                               "not run again)"])
 
     # unfinished folders a killed session left (its pid is gone) are swept; a live process's folder stays

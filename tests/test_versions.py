@@ -5,6 +5,7 @@ known-failure windows, and the bad inputs."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 
@@ -46,13 +47,32 @@ def test_a_twin_run_tables_what_differs_and_names_the_versions_each_cell_ran(run
     assert cells["pass-r2"]["versions"]["torch"].startswith("2.14.1")  # the environment pytest runs in
     assert cells["pass-r2-torch-2.15.0"]["error_line"] == "RuntimeError: fake regression: broken since torch 2.15.0"
     result.stdout.fnmatch_lines(["*simplefsdp twin: fake, twin run installed (*torch 2.14.1*) vs torch==2.15.0: "
-                                 "1 cells on both; 0 behave the same (0 with bitwise equal losses); 1 differ*",
+                                 "1 cell on both; 0 behave the same (0 with bitwise equal losses); 1 differs*",
                                  "pass-r2 *passed*failed runtime*verdict; signature: RuntimeError: fake regression*"])
     envs = list((pytester.path / ".simplefsdp" / "envs").glob("torch-2.15.0-*"))
     assert len(envs) == 1 and json.loads((envs[0] / "env.json").read_text())["versions"]["torch"] == "2.15.0"
     again = run_matrix(regression(), "--simplefsdp-twin=torch==2.15.0", f"--simplefsdp-json={out}")
     again.assert_outcomes(passed=1, failed=1)  # the kept environment: nothing built the second time
     assert list((pytester.path / ".simplefsdp" / "envs").glob("torch-2.15.0-*")) == envs
+
+
+def test_a_cell_named_with_a_twin_runs_on_both_sets_and_one_named_with_its_set_on_that_one(run_matrix, pytester,
+                                                                                             wheels):
+    """`pytest --simplefsdp-matrix fake.yaml::pass-r2 --simplefsdp-twin=...` means the cell on every set (it once
+    ran only the installed side: "0 cells on both"); the twin side's own id names that side alone."""
+    matrix = regression(modes=["pass", "fail"])
+    named = run_matrix(matrix, "fake.yaml::pass-r2", "--simplefsdp-twin=torch==2.15.0")
+    named.assert_outcomes(passed=1, failed=1, deselected=2)
+    named.stdout.fnmatch_lines(["*twin run installed (*) vs torch==2.15.0: 1 cell on both*"])
+    one = run_matrix(matrix, "fake.yaml::pass-r2-torch-2.15.0", "--simplefsdp-twin=torch==2.15.0")
+    one.assert_outcomes(failed=1, deselected=3)
+    # the failure's rerun line: no path of this machine, the version set it ran on; run as printed, that cell alone
+    rerun = next(line for line in one.stdout.lines if line.startswith("  rerun: ")).split(": ", 1)[1]
+    assert rerun == "pytest --simplefsdp-matrix fake.yaml::pass-r2 --simplefsdp-versions=torch==2.15.0"
+    again = pytester.runpytest_subprocess(*shlex.split(rerun)[1:], "--simplefsdp-launcher=local",
+                                          "--simplefsdp-confirm=1")
+    again.assert_outcomes(failed=1, deselected=1)
+    again.stdout.fnmatch_lines(["*fake.yaml::pass-r2-torch-2.15.0 FAILED*"])
 
 
 def test_the_matrix_key_versions_is_an_axis_and_a_known_failure_window_is_checked(run_matrix, pytester, wheels):
@@ -97,7 +117,9 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
                                  "good 2.13.0)*"])
     issue = (pytester.path / "runs" / "bisect" / "pass-r2-torch-2.15.0-torch.md").read_text()
     assert "**Window (torch):** regressed in 2.15.0 (last good 2.13.0)" in issue
-    assert "uv pip install torch==2.15.0" in issue
+    # portable: the failing side's version set, no path of this machine
+    assert "```sh\npytest --simplefsdp-matrix fake.yaml::pass-r2 --simplefsdp-versions=torch==2.15.0\n```" in issue
+    assert str(pytester.path) not in issue.split("## The failing rank's log")[0]
     entry = kf.read_text()
     assert entry.startswith("# our known failures\n") and "first_failing: {torch: 2.15.0}" in entry
     assert "versions:" not in entry  # the window scopes it, not the version set the cell happened to run on
@@ -108,8 +130,8 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
 
 
 def test_a_fix_is_bisected_to_its_release_and_its_issue_reproduces_the_failing_side(run_matrix, pytester, wheels):
-    """Fails before torch 2.13.0, passes from it: the window (2.12.0, 2.13.0) is where it was fixed; the issue body
-    pins the failing side's torch (2.12.0) and runs the command with the new environment's Python."""
+    """Fails before torch 2.13.0, passes from it: the window (2.12.0, 2.13.0) is where it was fixed; the issue body's
+    reproducer runs the cell on the failing side's torch (2.12.0)."""
     text = fake_matrix(args=', "--fixed-from", "2.13.0"')
     out = pytester.path / "run.json"
     result = run_matrix(text, "--simplefsdp-versions=torch==2.10.0", "--simplefsdp-bisect=torch",
@@ -117,7 +139,8 @@ def test_a_fix_is_bisected_to_its_release_and_its_issue_reproduces_the_failing_s
     result.assert_outcomes(failed=1)
     assert json.loads(out.read_text())["bisections"][0]["window"] == ["2.12.0", "2.13.0"]
     issue = (pytester.path / "runs" / "bisect" / "pass-r2-torch-2.10.0-torch.md").read_text()
-    assert "uv pip install torch==2.12.0 " in issue and " .venv/bin/python " in issue, issue
+    assert "pytest --simplefsdp-matrix fake.yaml::pass-r2 --simplefsdp-versions=torch==2.12.0\n" in issue, issue
+    assert "the failing side ran torch==2.12.0" in issue
     assert "**Window (torch):** fixed in 2.13.0 (last failing 2.12.0)" in issue
     assert "/bin/python -m" not in issue.replace(" .venv/bin/python -m", "")  # (no interpreter of this machine)
 

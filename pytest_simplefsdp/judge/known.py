@@ -18,6 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..kinds import FailureClass, KnownKind
+from ..words import did_you_mean
 from ..yamlio import MatrixError, line_of, load_yaml, plain
 
 ENTRY_KEYS = {
@@ -161,7 +162,8 @@ def _entry(path, node, where, axis_names, profiles=None) -> Entry:
     at = lambda key: f"{line_of(path, node, key=key)}: entry {eid!r}"  # noqa: E731 - where a key's problem is
     for key in node:
         if key not in ENTRY_KEYS:
-            raise MatrixError(f"{at(key)}: unknown key {key!r}; allowed: {', '.join(ENTRY_KEYS)}")
+            raise MatrixError(f"{at(key)}: unknown key {key!r}; allowed: {', '.join(ENTRY_KEYS)}"
+                              + did_you_mean(key, ENTRY_KEYS))
     for key in ("id", "when", "error", "kind", "link", "reason"):
         if not node.get(key) and not (key == "error" and node.get("kind") == KnownKind.SKIP):
             raise MatrixError(f"{where}: entry {eid!r}: missing `{key}`" +
@@ -242,7 +244,8 @@ def _check_when(path, when, eid, axis_names):
         if axis_names is not None and key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
             raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
                               f"{', '.join(sorted(axis_names))}; environment: "
-                              f"{', '.join(sorted(ENV_KEYS | VERSION_KEYS))}")
+                              f"{', '.join(sorted(ENV_KEYS | VERSION_KEYS))}"
+                              + did_you_mean(key, set(axis_names) | ENV_KEYS | VERSION_KEYS))
         if key in VERSION_KEYS:
             try:
                 SpecifierSet(str(cond))

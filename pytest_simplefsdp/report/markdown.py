@@ -16,12 +16,13 @@ from ..kinds import Status
 from . import gate
 from .combos import failing_combinations
 from .compare import MARKS, key
+from ..words import plural
 from .status import features
 from .tables import (GRID_KEY, MUTATION_HEADERS, STATUS_MD, TRACE_NOTE, grid, mutation_rows, mutation_score,
                      summary_counts, where_line)
 
-LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 known flaky (or a flaky cell's flip since the "
-          "compared run) · ⚠️ known failure that passed (XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) "
+LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 after one of those: flaky (a known flaky cell, "
+          "or a flaky cell's flip since the compared run) · ⚠️ known failure that passed (XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) "
           "· 🆕 newly broken · 🎉 newly fixed · 🔀 failure signature changed since the compared run · " + GRID_KEY)
 
 
@@ -48,7 +49,7 @@ def render_md(doc, base=None):
     out, notes = ["# SimpleFSDP composability status", "", LEGEND, ""], []
     changes = doc.get("comparison") or {}
     if doc.get("compared_with") is not None:
-        out.extend(comparison_md(doc, changes))
+        out.extend(comparison_md(doc, changes, base))
     for line in doc.get("incidents") or ():
         out.extend([f"> launcher incident: {code(line)}", ""])
     pr = gate.gate(doc)
@@ -61,7 +62,7 @@ def render_md(doc, base=None):
         out.extend([f"## Profile {meta.get('profile', '?')} — {summary_counts(run)}", "",
                     f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, "
                     + ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-                    + f", {meta.get('date', '')}{where_line(meta)}{known_failures_line(meta)}", ""])
+                    + f", {meta.get('date', '')}{where_line(meta)}{known_failures_line(meta, base)}", ""])
         out.extend(status_md(run))
         out.extend(combinations_md(run))
         records = {(rec["axes"].get("model", "")): [] for rec in run["meta"].get("valid", [])}
@@ -70,11 +71,11 @@ def render_md(doc, base=None):
         for model, cells in records.items():
             ran = len(cells)
             valid = sum(1 for v in run["meta"].get("valid", []) if v.get("model", "") == model) or ran
-            out.append(f"### {model or meta.get('matrix', '?')}: {ran} of {valid} valid cells run")
+            out.append(f"### {model or meta.get('matrix', '?')}: {ran} of {plural(valid, 'valid cell')} run")
             out.append("")
 
-            def symbol(rec):
-                text = "🔁" if rec.get("flaky") else STATUS_MD.get(rec["status"], rec["status"])
+            def symbol(rec):  # (a known flaky cell: its outcome, then the flaky mark)
+                text = STATUS_MD.get(rec["status"], rec["status"]) + ("🔁" if rec.get("flaky") else "")
                 note = _note(rec, base)
                 if note:
                     notes.append(note)
@@ -82,7 +83,13 @@ def render_md(doc, base=None):
                 return text + MARKS.get(changes.get(key(meta, rec), ""), "")
 
             sub = model_grid(run, model, cells)
-            headers, body = grid(sub, cell=symbol, na=lambda rec: STATUS_MD["dropped"], every_row=True)
+            def ruled_out(rec):  # one footnote per rule and reason, shared by its cells
+                note = f"➖ ruled out by rule `{rec.get('rule', '?')}`: {code(rec.get('reason', ''))}"
+                if note not in notes:
+                    notes.append(note)
+                return f"{STATUS_MD['dropped']}[^{notes.index(note) + 1}]"
+
+            headers, body = grid(sub, cell=symbol, na=ruled_out, every_row=True)
             out.append(tabulate(body, headers=headers, tablefmt="github"))
             out.append("")
         if run.get("mutants"):
@@ -97,13 +104,15 @@ def render_md(doc, base=None):
     return "\n".join(out)
 
 
-def known_failures_line(meta):
+def known_failures_line(meta, base):
     known = meta.get("known_failures")
-    return f"; judged against {known['path']} (sha256 {known['sha256'][:12]})" if known else ""
+    return f"; judged against `{relative(known['path'], base)}` (sha256 {known['sha256'][:12]})" if known else ""
 
 
-def comparison_md(doc, changes):
-    out = [f"**Changes since {code(doc['compared_with'])}:** " + (f"{len(changes)} cells" if changes else "none"), ""]
+def comparison_md(doc, changes, base):
+    was = doc["compared_with"]
+    was = relative(was, base) if os.path.isabs(str(was)) else was
+    out = [f"**Changes since {code(was)}:** " + (plural(len(changes), "cell") if changes else "none"), ""]
     out.extend(f"- {MARKS.get(change, '')} {change}: `{k}`" for k, change in changes.items())
     return out + ([""] if changes else [])
 
@@ -134,7 +143,7 @@ def combinations_md(run):
     for c in found:
         entry = f", known failure `{c.known}`" if c.known else ""
         what = c.label() if c.separated else f"{c.label()} (no passing cell tells them apart: what they share)"
-        out.append(f"- {what}: {len(c.cells)} cells{entry}: {code(c.signature[:160])}")
+        out.append(f"- {what}: {plural(len(c.cells), 'cell')}{entry}: {code(c.signature[:160])}")
     return out + [""]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ..kinds import Status
+from ..words import plural
 from . import gate
 from .combos import failing_combinations
 from .compare import MARKS, key
@@ -178,7 +179,7 @@ def _run(run, changes, link):
     if combos:
         out.append("<h3>Which combination fails</h3><ul>")
         out.extend(f"<li><b>{_e(c.label())}</b>{'' if c.separated else ' (no passing cell tells them apart: what they share)'}: "
-                   f"{len(c.cells)} cells{', known failure ' + _e(c.known) if c.known else ''}: "
+                   f"{plural(len(c.cells), 'cell')}{', known failure ' + _e(c.known) if c.known else ''}: "
                    f"<code>{_e(c.signature[:200])}</code></li>" for c in combos)
         out.append("</ul>")
     models = {v.get("model", ""): [] for v in meta.get("valid", [])}

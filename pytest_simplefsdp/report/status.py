@@ -6,6 +6,7 @@ one failed with a new error; Not run when none ran."""
 from __future__ import annotations
 
 from ..kinds import GateClass, Status
+from ..words import plural
 from .tables import broken
 
 UNGATED = (GateClass.BROKEN_TRUNK, GateClass.FLAKY)  # failures a PR gate lets through: failing, all the same
@@ -83,5 +84,5 @@ class Feature:
     def counts(self):
         """"3 of 12 cells run, 3 pass" (only when some did not run), else "3 of 3 cells pass"."""
         if self.ran < self.valid:
-            return f"{self.ran} of {self.valid} cells run, {self.passed} pass"
-        return f"{self.passed} of {self.valid} cells pass"
+            return f"{self.ran} of {plural(self.valid, 'cell')} run, {self.passed} pass"
+        return f"{self.passed} of {plural(self.valid, 'cell')} pass{'es' if self.passed == 1 else ''}"

@@ -8,6 +8,8 @@ from collections import Counter, OrderedDict
 from tabulate import tabulate
 
 from ..judge.known import signature
+from ..paths import shown
+from ..words import plural
 
 SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
            "dropped": "n/a"}
@@ -57,7 +59,7 @@ def grid(run, cell=None, na=None, not_run=NOT_RUN, every_row=False):
     return headers, body
 
 
-def footnotes(run, verbose=False):
+def footnotes(run, verbose=False, root="."):
     """What the grid cannot say: each failure's line, signature and logs; the numerics and evidence of the cells
     (per cell with ``verbose``, else summed up, per cell only where a cell did not pass); the rules' drops."""
     lines = []
@@ -73,13 +75,13 @@ def footnotes(run, verbose=False):
                 lines.append(f"{rec['id']}: [{rec['status']}{cls}{rank}]{known} {rec.get('error_line') or ''}")
                 if not rec.get("known_failure"):  # what a new known-failures entry's `error` would match
                     lines.append(f"    signature: {rec_signature(rec)[:300]}")
-            lines.append(f"    logs: {rec.get('log_dir', '')}")
+            lines.append(f"    logs: {shown(rec.get('log_dir'), root)}")
         if rec.get("plot"):
-            lines.append(f"    loss and grad-norm curves: {rec['plot']}")
+            lines.append(f"    loss and grad-norm curves: {shown(rec['plot'], root)}")
     lines.extend(_proofs(run, verbose))
     by_rule = Counter(rec["rule"] for rec in run["dropped"])
     if by_rule:
-        lines.append(f"n/a: {sum(by_rule.values())} cells dropped by rule: "
+        lines.append(f"n/a: {plural(sum(by_rule.values()), 'cell')} dropped by rule: "
                      + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common()))
     return lines
 
@@ -93,13 +95,13 @@ def _proofs(run, verbose):
         if compared:
             off = sum(1 for rec in compared if rec.get("failure_class") == "numerics")
             equal = sum(1 for rec in compared if rec["numerics"]["max_abs_diff"] == 0)
-            lines.append(f"numerics: {_n(len(compared), 'cell')} compared with their baselines ({equal} bitwise equal, "
+            lines.append(f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise equal, "
                          f"{len(compared) - equal - off} within their lanes' tolerances"
                          + (f", {off} outside)" if off else ")"))
         if shown:
             checks = [e["ok"] for rec in shown for e in rec["evidence"]]
-            lines.append(f"evidence: {_n(len(shown), 'cell')} checked against their labels ({sum(checks)} of "
-                         f"{_n(len(checks), 'check')} hold)")
+            lines.append(f"evidence: {plural(len(shown), 'cell')} checked against their labels ({sum(checks)} of "
+                         f"{plural(len(checks), 'check')} hold)")
         if compared or shown:
             lines.append("    (-v lists them per cell)")
         compared = [rec for rec in compared if rec.get("status") != "passed"]
@@ -117,11 +119,6 @@ def _proofs(run, verbose):
             labels = ", ".join(dict.fromkeys(e["axis"] for e in rec["evidence"]))
             lines.append(f"    {rec['id']}: {held}/{len(rec['evidence'])} ({labels})")
     return lines
-
-
-def _n(count, noun):
-    """``1 cell``, ``2 cells``."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _params_note(numerics):
@@ -144,7 +141,7 @@ def summary_counts(run):
     counts = Counter(rec.get("status") for rec in run["cells"])
     ran = ", ".join(f"{n} {status}" for status, n in counts.most_common()) or "none"
     valid = run["meta"].get("cells", len(run["cells"]))
-    return f"{len(run['cells'])} of {valid} valid cells run ({ran}); {len(run['dropped'])} combinations n/a"
+    return f"{len(run['cells'])} of {plural(valid, 'valid cell')} run ({ran}); {plural(len(run['dropped']), 'combination')} n/a"
 
 
 def ran_under(run):
@@ -155,8 +152,9 @@ def ran_under(run):
     return asked if not used or used == [asked] else f"{', '.join(used)} (asked: {asked})"
 
 
-def render_text(doc, verbose=False):
-    """The terminal's report of a run; ``verbose`` (-v) lists every cell's numerics and evidence."""
+def render_text(doc, verbose=False, root="."):
+    """The terminal's report of a run; ``verbose`` (-v) lists every cell's numerics and evidence; paths relative to
+    ``root`` (the rootdir) where they lie under it."""
     out = []
     for run in doc["runs"]:
         meta = run["meta"]
@@ -175,7 +173,7 @@ def render_text(doc, verbose=False):
                            "valid cell)")
         if run.get("mutants"):
             out.append(tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="simple"))
-        out.extend(footnotes(run, verbose))
+        out.extend(footnotes(run, verbose, root))
         out.append("")
     return "\n".join(out)
 

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ..versions.sets import INSTALLED, parse
+from ..words import plural
 from .tables import rec_signature
 
 
@@ -76,5 +77,5 @@ def _verdict(rec):
 def summary(pairs, first, second) -> str:
     same = sum(1 for t in pairs if not t.differs())
     bitwise = sum(1 for t in pairs if t.numerics() == BITWISE)
-    return (f"twin run {first} vs {second}: {len(pairs)} cells on both; {same} behave the same "
-            f"({bitwise} with bitwise equal losses); {len(pairs) - same} differ")
+    return (f"twin run {first} vs {second}: {plural(len(pairs), 'cell')} on both; {same} behave{'s' if same == 1 else ''} the same "
+            f"({bitwise} with bitwise equal losses); {len(pairs) - same} differ{'s' if len(pairs) - same == 1 else ''}")

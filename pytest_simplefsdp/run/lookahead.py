@@ -8,6 +8,7 @@ import os
 
 from ..kinds import Device
 from ..machine import cuda_device_ids
+from ..words import plural
 from .progress import duration
 from .schedule import plan
 
@@ -40,7 +41,7 @@ def summary(state, selected, progress, tr, verbose=False):
         for run, base, users in baselines.values():
             job = state.book.seed_job(run, base)
             kept = state.book.kept.kept(base.id, state.book.baseline_key(run, base, job.folder if job else None))
-            _job(state, tr, run, base, verbose, f"baseline of {len(users)} cells: {', '.join(users[:4])}"
+            _job(state, tr, run, base, verbose, f"baseline of {plural(len(users), 'cell')}: {', '.join(users[:4])}"
                                          f"{' ...' if len(users) > 4 else ''}"
                                          + ("  (kept from an earlier run: not run again)" if kept else ""))
     tr.section("simplefsdp dry run: " + ("commands" if verbose else "cells"))

@@ -19,6 +19,7 @@ from ..judge.known import signature
 from ..kinds import Status
 from ..machine import installed
 from ..report.page import main_log
+from ..spec.cells import rerun_command
 from ..versions.bisect import FAILS, OTHER, PASSES, UNTESTABLE, bisect, judge_runs, table
 from ..versions.git import GitError, compare_url, short_sha
 from ..versions.sets import available_versions, cell_set, index_versions, order, wheel_versions
@@ -26,7 +27,6 @@ from ..versions.sets import available_versions, cell_set, index_versions, order,
 # an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
 API_MISMATCH = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|has no attribute|unexpected keyword "
                           r"argument|Unrecognized (option|arguments)")
-PYTHON = re.compile(r"(?<![\w=:])/\S*/bin/python[\d.]*(?=\s)")  # an interpreter by its path (this one, a set's)
 DEFAULT_MINORS = 8  # the default list: the index's releases of the last 8 minor versions
 
 
@@ -146,11 +146,14 @@ class Bisector:
         first = next((p for p in b.probes if b.window and p.version in b.window and p.outcome == FAILS), None)
         log = main_log(rec)
         tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
-        command = Path(rec["log_dir"]) / "command.txt"
-        # the cell's own command, with the new environment's Python for the one it ran with
-        command = PYTHON.sub(".venv/bin/python", command.read_text().strip()) if command.is_file() else ""
-        lines += ["", "## Reproducer", "", "```sh",
-                  f"uv venv && uv pip install {' '.join(self.pins(item, first))} triton", command, "```", "",
+        # the failing side, portable: the plugin builds that version set's environment itself (uv), on any machine
+        vset = cell_set(item.cell.axes)
+        if first is not None:
+            vset = vset.with_pin(item.package, first.version)
+        rerun = rerun_command(item.run.name, item.cell.id, item.cell.axes, item.run.matrix.tier, vset.label())
+        lines += ["", "## Reproducer", "", "In an environment with torchtitan and the plugin "
+                  f"(`pip install pytest-simplefsdp`; the failing side ran {', '.join(self.pins(item, first))}):", "",
+                  "```sh", rerun, "```", "",
                   "## The failing rank's log (last lines)", "", "```", *tail, "```", ""]
         path.write_text("\n".join(lines))
         return path
@@ -161,7 +164,7 @@ class Bisector:
         if probe is not None:
             vset = vset.with_pin(item.package, probe.version)
         ran = vset.versions(installed_releases())
-        return [f"'torchtitan @ git+<repo>@{ran[p]}'" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
+        return [f"{p}@{ran[p]}" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
                 for p in ("torch", "torchtitan")]
 
 

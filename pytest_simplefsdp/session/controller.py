@@ -18,6 +18,7 @@ from ..machine import cuda_device_ids
 from ..run.progress import Progress, duration, estimate, stored_walls
 from ..options import settings
 from ..run.schedule import Packer
+from ..spec.cells import named_by
 from .bisecting import Bisector
 from .items import CellItem, MatrixCollector
 from .reporting import Reporter
@@ -61,12 +62,8 @@ class Controller:
             collector = MatrixCollector.from_parent(session, name=run.name, nodeid=run.name, run=run)
             cells = list(session.genitems(collector))  # reports the collection like any file's
             named = self.session.chosen.get(run.matrix.path.resolve())
-            if named:  # cells named on the command line (pasted from a FAILED line): only those
-                unknown = named - {i.cell.id for i in cells} - {i.cell.id.split("[mutant-")[0] for i in cells}
-                if unknown:
-                    raise pytest.UsageError(f"{run.matrix.path}: no valid cell {', '.join(sorted(unknown))}; "
-                                            f"--simplefsdp-dry-run lists its cells")
-                keep = [i for i in cells if i.cell.id in named or i.cell.id.split("[mutant-")[0] in named]
+            if named:  # cells named on the command line (pasted from a FAILED line), on every version set: only those
+                keep = [i for i in cells if named_by(run.matrix, i.cell) & named]
                 config.hook.pytest_deselected(items=[i for i in cells if i not in keep])
                 cells = keep
             items.extend(cells)
@@ -131,7 +128,7 @@ class Controller:
         cell = self.keys.get(nodeid)
         if tr is not None and cell is not None and self.progress is not None and not self.settings.dry_run \
                 and self.worker is None and tr.verbosity > 0:
-            self.ticker = Ticker(tr, nodeid, self.progress.expected.get(cell))
+            self.ticker = Ticker(tr, nodeid, self.progress.expected.get(cell), lambda: self.session.phase_of(cell))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report):
@@ -210,16 +207,19 @@ class Ticker:
 
     TTY_S, PLAIN_S = 1.0, 60.0
 
-    def __init__(self, tr, nodeid, expected):
-        self.tr, self.nodeid, self.expected = tr, nodeid, expected
+    def __init__(self, tr, nodeid, expected, phase=lambda: None):
+        self.tr, self.nodeid, self.expected, self.phase = tr, nodeid, expected, phase
         self.prefix = tr.currentfspath if isinstance(tr.currentfspath, str) else None
         self.start, self.done = time.monotonic(), threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def text(self):
-        took = duration(time.monotonic() - self.start)
-        return f"running {took}" + (f" of ~{duration(self.expected)} expected" if self.expected else "")
+        now = time.monotonic()
+        text = f"running {duration(now - self.start)}" + (f" of ~{duration(self.expected)} expected" if self.expected
+                                                           else "")
+        phase = self.phase()  # what it waits for besides itself: its seed checkpoint, its baseline, a rerun
+        return text + (f": {phase[0]} for {duration(now - phase[1])}" if phase else "")
 
     def _run(self):
         tty = self.tr.isatty and self.prefix is not None

@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from ..kinds import Mutation, Status
-from ..spec.cells import Cell
+from ..paths import shown
+from ..spec.cells import Cell, rerun_command
 
 SESSION_PLUGIN = "simplefsdp-session"
 
@@ -120,7 +122,8 @@ class CellItem(pytest.Item):
             r = excinfo.value.result
             return f"{r.id}: {r.verdict}\n  logs: {r.log_dir}\n  rerun: {r.reproducer}"
         if isinstance(excinfo.value, CellFailed):
-            return failure_text(excinfo.value.result)
+            return failure_text(excinfo.value.result, rerun_command(self.run.name, self.cell.id, self.cell.axes,
+                                                                    self.run.matrix.tier), self.config.rootpath)
         # a bug of ours (the cell's record says so): its traceback without pytest's and pluggy's frames
         own = excinfo.traceback.filter(lambda e: not any(p in str(e.path) for p in ("/_pytest/", "/pluggy/")))
         if own:
@@ -135,8 +138,9 @@ class CellItem(pytest.Item):
         return self.run.matrix.path, int(line) - 1 if line.isdigit() else None, name
 
 
-def failure_text(r):
-    """What pytest prints for a failed cell: class and first error line, verdict, rank, logs, reproducer."""
+def failure_text(r, rerun, root="."):
+    """What pytest prints for a failed cell: class and first error line, verdict, rank, logs, the command that runs
+    it again (portable: ``rerun``) and where its ranks' own command lies."""
     if not r.failure_class:  # a pass that a gate turns into a failure
         return f"{r.id}: [XPASS(strict)] {r.verdict}"
     lines = [f"{r.id}: [{r.failure_class}] {r.error_line}"]
@@ -148,6 +152,9 @@ def failure_text(r):
     if r.error_text and r.error_text != r.error_line:
         lines.append("  " + r.error_text.replace("\n", "\n  ")[:4000])
     lines.extend(f"  {d}" for d in r.details)
-    lines.append(f"  logs: {r.log_dir}")
-    lines.append(f"  rerun: {r.reproducer}")
+    lines.append(f"  logs: {shown(r.log_dir, root)}")
+    lines.append(f"  rerun: {rerun}")
+    command = Path(r.log_dir or ".") / "command.txt"
+    if r.log_dir and command.is_file():  # (every rank's environment and argv, this machine's paths: a file)
+        lines.append(f"  the ranks' command: {shown(command, root)}")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from ..judge.results import CellResult
 from ..judge.update import drafts, update_file
 from ..kinds import GateClass, KnownKind, RecordType, Status
 from ..machine import versions
-from ..paths import KNOWN_FAILURES, PACKAGE
+from ..paths import KNOWN_FAILURES, PACKAGE, shown
 from ..plots import walltime_plot
 from ..report import coverage, gate, page
 from ..report.compare import change_lines, compare_runs
@@ -35,6 +35,7 @@ from ..yamlio import MatrixError
 class Reporter:
     def __init__(self, state, verbose=False):
         self.state, self.settings, self.verbose = state, state.settings, verbose
+        self.root = state.config.rootpath  # (report paths are shown relative to it, as pytest shows test files)
         self.selected = []  # (run, cell) of the collected items, in order
         self.progress = None
         self.incidents, self.leftover_lines, self.update_lines, self.update_path = [], [], [], None
@@ -64,18 +65,18 @@ class Reporter:
                 tr.write_line(line, red=True)
         tr.section("simplefsdp composability")
         for line in self.update_lines:
-            tr.write_line(f"{self.update_path}: {line}")
-        tr.write_line(render_text(doc, self.verbose))
+            tr.write_line(f"{shown(self.update_path, self.root)}: {line}")
+        tr.write_line(render_text(doc, self.verbose, self.root))
         self.gate_section(tr, doc)
         self.twin_section(tr, doc)
         self.bisect_section(tr, doc)
         if state.store.jsonl is not None:
-            tr.write_line(f"results: {state.store.path}")
+            tr.write_line(f"results: {shown(state.store.path, self.root)}")
         for run_doc in doc["runs"]:
             for seed in run_doc.get("seeds", []):
                 tr.write_line(f"seed checkpoint {seed['model']}: "
                               + ("kept from an earlier run" if seed["kept_from_earlier_run"] else "made and kept")
-                              + f" ({seed['folder']}; --simplefsdp-fresh makes it again)")
+                              + f" ({shown(seed['folder'], self.root)}; --simplefsdp-fresh makes it again)")
         self.write_files(tr, doc)
         if s.coverage:
             self.coverage(tr)
@@ -156,11 +157,11 @@ class Reporter:
             if path:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text())
-                tr.write_line(f"{what}: {path}")
+                tr.write_line(f"{what}: {shown(path, self.root)}")
         # the page is written by default beside the run's records (a run that stored nothing has no page)
         html = s.html or (self.state.run_dir if self.state.store.jsonl is not None else None)
         if html:
-            tr.write_line(f"html page: {page.write(doc, html)}" + ("" if s.html else " (--simplefsdp-html=PATH "
+            tr.write_line(f"html page: {shown(page.write(doc, html), self.root)}" + ("" if s.html else " (--simplefsdp-html=PATH "
                                                                     "writes it elsewhere; with the wall-time plot)"))
 
     def coverage(self, tr):

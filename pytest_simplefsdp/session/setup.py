@@ -19,12 +19,14 @@ from ..launch.builtin import LAUNCHERS
 from ..machine import cuda_device_ids, installed, source_checkout, vcs_commit
 from ..options import MERGE_BASE, NEWEST
 from ..paths import KNOWN_FAILURES, PACKAGE, cache_root
+from ..spec.cells import named_by
 from ..spec.matrix import SourceUnavailable
 from ..spec.profiles import MatrixRun, matrix_files, shipped, shipped_path
 from ..spec.upstream import UPSTREAM_AXES
 from ..versions.git import GitError, git, is_checkout, merge_base, short_sha
 from ..versions.sets import INSTALLED, available_versions, parse
 from ..store.runs import RunError, load_run
+from ..words import did_you_mean
 from ..yamlio import MatrixError
 
 
@@ -33,7 +35,8 @@ def make_launcher(config, dry_run):
     launcher = config.hook.pytest_simplefsdp_make_launcher(config=config, name=name, dry_run=dry_run)
     if launcher is None:
         raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {name!r}; built in: "
-                                f"{', '.join([*LAUNCHERS, 'slurm'])} (plugins add more: pytest_simplefsdp_make_launcher)")
+                                f"{', '.join([*LAUNCHERS, 'slurm'])} (plugins add more: pytest_simplefsdp_make_launcher)"
+                                + did_you_mean(name, [*LAUNCHERS, "slurm"]))
     return launcher
 
 
@@ -202,6 +205,21 @@ def cell_arguments(config):
             ids.add(cell)
     config.args[:] = [str(config.invocation_params.dir)]  # nothing for pytest to collect: the cells are ours
     return {p: ids or set() for p, ids in chosen.items()}
+
+
+def check_named(chosen, runs):
+    """Cells named on the command line that no loaded matrix has: refused before anything is collected, each with
+    the nearest id it has."""
+    for run in runs:
+        named = chosen.get(run.matrix.path.resolve())
+        if not named:
+            continue
+        ids = set().union(*(named_by(run.matrix, c) for c in run.cells)) if run.cells else set()
+        unknown = sorted(n for n in named if n.split("[mutant-")[0] not in ids)
+        if unknown:
+            hints = "".join(did_you_mean(n, ids) for n in unknown)
+            raise pytest.UsageError(f"{run.matrix.path}: no valid cell {', '.join(unknown)}{hints} "
+                                    f"(--simplefsdp-dry-run lists its cells)")
 
 
 def check_plugins(config, s):

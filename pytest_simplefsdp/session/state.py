@@ -4,8 +4,10 @@ its known failures and recorded. The matrix's items and the ``simplefsdp_cell`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import time
 from pathlib import Path
 
 import psutil
@@ -53,6 +55,7 @@ class MatrixSession:
         self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks, self.envs)
         self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
         self.runs = setup.load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
+        setup.check_named(self.chosen, self.runs)
         for run in self.runs:  # a version set's cells are spelled by its own torchtitan, once its environment is built
             run.target.python_for = lambda label, run=run: self.runner.sets.python(run, label)
         self.version_lines = [] if s.dry_run else setup.check_versions(s, self.runs)  # unknown ones: a usage error
@@ -66,6 +69,7 @@ class MatrixSession:
                                  config.hook, config, about=about)
         self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
         self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
+        self.phases = {}  # cell key -> [(what it waits for now, since)]: the progress line names it
         if not (s.dry_run or config.option.collectonly):  # (a usage error above, or what only lists cells: nothing)
             output_root(self.cache_dir)
 
@@ -93,19 +97,37 @@ class MatrixSession:
 
     # --- running ------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def phase(self, run, cell, what):
+        """While the block runs, the cell's progress line says it waits for ``what`` (its seed checkpoint, its
+        baseline, a confirming run), not only for itself; nested phases stack (a confirming run's baseline)."""
+        stack = self.phases.setdefault(run.key(cell.id.split("/")[0]), [])
+        stack.append((what, time.monotonic()))
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    def phase_of(self, key):
+        """(what the cell waits for, since when) now, or None while it runs itself."""
+        stack = self.phases.get(key)
+        return (" > ".join(what for what, _ in stack), stack[-1][1]) if stack else None
+
     def run_and_check(self, run, cell, devices=None) -> CellResult:
         """Run a cell and, where the matrix asks for it, compare it with its baseline."""
         reused = self.book.reused(run, cell)
         if reused is not None:  # it already ran as a baseline
             return reused
-        seed = self.book.seed_for(run, cell)
+        with self.phase(run, cell, "its seed checkpoint"):  # (instant where one is kept)
+            seed = self.book.seed_for(run, cell)
         if isinstance(seed, Unavailable):
             return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
                               world=cell.world, error_line=seed.reason, error_text=seed.reason,
                               culprit=seed.culprit or None)
         result = self.runner.run(run, cell, devices, seed=seed)
         if run.matrix.numerics:
-            self.book.check(run, cell, result)
+            with self.phase(run, cell, "its baseline"):  # (the comparison itself is instant)
+                self.book.check(run, cell, result)
         return result
 
     def run_judged(self, run, cell, packed=None):
@@ -129,7 +151,8 @@ class MatrixSession:
         flaky become expected failures that say why. A flaky cell (its own runs disagree) is not run again."""
         runs = []
         if not result.flaky and not result.not_run:
-            runs = self.runs_on(run, cell, "torchtitan", "@" + self.base.commit, "base")
+            with self.phase(run, cell, f"a run on the base {self.base.name()}"):
+                runs = self.runs_on(run, cell, "torchtitan", "@" + self.base.commit, "base")
         result.gate, result.verdict, result.base = classify(result, runs, self.base)
         if result.gate != GateClass.NEW:
             result.status = Status.XFAILED
@@ -152,7 +175,10 @@ class MatrixSession:
             return
         if result.culprit:
             return self.confirm_culprit(run, cell, result, runs)
-        again = [self.run_attempt(run, cell, f"confirm{n}") for n in range(2, runs + 1)]
+        again = []
+        for n in range(2, runs + 1):
+            with self.phase(run, cell, f"confirming run {n} of {runs}"):
+                again.append(self.run_attempt(run, cell, f"confirm{n}"))
         passed = sum(1 for r in again if r.status == Status.PASSED)
         signatures = list(dict.fromkeys(signature(r.error_text or r.error_line) for r in [result, *again]
                                         if r.failure_class))
@@ -171,7 +197,8 @@ class MatrixSession:
         --simplefsdp-confirm runs in all; once it is had, the cell is compared with it and judged as any cell."""
         culprit, first, made = result.culprit, result.error_line, None
         for n in range(2, runs + 1):
-            made = self.book.retry(run, cell, f"confirm{n}")
+            with self.phase(run, cell, f"{culprit} again, run {n} of {runs}"):
+                made = self.book.retry(run, cell, f"confirm{n}")
             if made is None:
                 break
         ran = n if made is None else runs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import shlex
 from dataclasses import dataclass
 
 from ..versions.sets import INSTALLED, parse
@@ -53,6 +54,34 @@ def id_parts(matrix: Matrix, axes: dict) -> dict:
 
 def cell_id(matrix: Matrix, axes: dict) -> str:
     return "-".join(p for p in id_parts(matrix, axes).values() if p)
+
+
+def named_by(matrix: Matrix, cell: Cell) -> set:
+    """The ids that name a cell on the command line: its own (a mutant's without its suffix), and, for a cell of a
+    version set (a twin or --simplefsdp-versions run), the installed cell's id too: a cell named with a version set
+    means that cell on every set."""
+    own = cell.id.split("[mutant-")[0]
+    if cell.axes.get("versions", INSTALLED) == INSTALLED:
+        return {cell.id, own}
+    return {cell.id, own, cell_id(matrix, {**cell.axes, "versions": INSTALLED})}
+
+
+def rerun_command(name, cell_id, axes, tier="real", versions=None) -> str:
+    """The cell again, on any machine with the plugin and its matrix file: ``pytest --simplefsdp-matrix NAME::ID``
+    (``name``: the matrix as its items are named; a shipped profile's resolves from any folder), with the version
+    set it ran on (or ``versions``, another set's label) and its tier. No path of this machine is in it (the ranks'
+    own command is: command.txt)."""
+    ran = axes.get("versions", INSTALLED)
+    own = cell_id if ran == INSTALLED else cell_id.replace(f"-{parse(ran).slug()}", "", 1)
+    vset = versions or ran
+    args = ["pytest", "--simplefsdp-matrix", f"{str(name).removesuffix('[trace]')}::{own}"]
+    if vset != INSTALLED:
+        args.append(f"--simplefsdp-versions={vset}")
+        if "torchtitan@" in vset:
+            args.append("--simplefsdp-torchtitan-repo=<your torchtitan clone>")
+    if str(tier) == "trace":
+        args.append("--simplefsdp-tier=trace")
+    return " ".join(a if a.startswith("--simplefsdp-torchtitan-repo=") else shlex.quote(a) for a in args)
 
 
 def cell_key(profile, tier, cell_id) -> str:

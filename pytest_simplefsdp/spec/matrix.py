@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..kinds import Device, Tier
 from ..versions.sets import INSTALLED, VersionError, parse
+from ..words import did_you_mean
 from ..yamlio import MatrixError, line_of, load_yaml, plain
 
 TOP_KEYS = {
@@ -149,7 +150,7 @@ def _check_keys(path, node, allowed, what):
         if key not in allowed:
             raise MatrixError(
                 f"{line_of(path, node, key=key)}: unknown {what} key {key!r}; "
-                f"allowed: {', '.join(sorted(allowed))}"
+                f"allowed: {', '.join(sorted(allowed))}{did_you_mean(key, allowed)}"
             )
 
 
@@ -175,11 +176,12 @@ def _entries(path, doc, key, axes, known_values=False):
             if axis not in axes:
                 raise MatrixError(
                     f"{line_of(path, item, key=axis)}: `{key}` names unknown axis {axis!r}; "
-                    f"axes: {', '.join(axes)}"
+                    f"axes: {', '.join(axes)}{did_you_mean(axis, axes)}"
                 )
             if known_values and plain(item[axis]) not in axes[axis]:
                 raise MatrixError(f"{line_of(path, item, key=axis)}: `{key}` entry {axis}: {plain(item[axis])!r} is "
-                                  f"not a value of axis {axis!r}; its values: {', '.join(map(str, axes[axis]))}")
+                                  f"not a value of axis {axis!r}; its values: {', '.join(map(str, axes[axis]))}"
+                                  + did_you_mean(plain(item[axis]), axes[axis]))
         out.append(Entry(plain(item), where))
     return out
 

@@ -19,6 +19,7 @@ from ..paths import MATRIX_DIR
 from .cells import cell_key, expand, id_parts
 from .matrix import load_matrix, with_tier, with_versions
 from ..versions.sets import INSTALLED, parse
+from ..words import did_you_mean
 from .upstream import with_source
 
 COLUMN_AXES = ("compile", "backend", "memory_policy")
@@ -54,8 +55,8 @@ def matrix_files(settings, rootdir) -> list[Path]:
         elif name in known:
             out.append(known[name])
         else:
-            raise pytest.UsageError(f"--simplefsdp-profile: unknown profile {name!r}; "
-                                    f"known: auto, all, {', '.join(known)}")
+            raise pytest.UsageError(f"--simplefsdp-profile: unknown profile {name!r}; known: auto, all, "
+                                    f"{', '.join(known)}{did_you_mean(name, ['auto', 'all', *known])}")
     return out
 
 
