@@ -17,7 +17,7 @@ def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, py
     result.stdout.fnmatch_lines([
         "*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2: cell 5.002 vs baseline 5.0 "
         "(|diff| 0.002; lane close: rtol 1e-05, atol 1e-05, 2 step(s) off)*",
-        "numerics: 2 cells compared with their baselines (1 bitwise equal, 0 within their lanes' tolerances, 1 outside)",
+        "numerics: 2 cells compared with their baselines (1 bitwise equal, 0 within their tolerances, 1 outside)",
         "    (-v lists them per cell)",
         "*perturb-r2 vs pass-r2: lane close, max |diff| 0.002,*",
     ])
@@ -139,3 +139,47 @@ def test_grad_lane_keys_are_checked(run_matrix, line, expected):
     result = run_matrix(fake_matrix(modes=["pass", "perturb"], extra=broken))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{expected}*"])
+
+
+NOISY = """\
+numerics:
+  global_batch_size: 8
+  baseline: {mode: pass}
+  noise: fake.noise.yaml
+  lanes:
+    - name: close
+      match: [{mode: perturb}]
+      rtol: 1.0e-4
+      atol: 0
+    - name: exact
+"""
+
+
+def noise_file(loss, measured_on="{torch: 2.14.1}"):
+    return (f"measured_on: {measured_on}\nmargin: 5\nfloor: 1.0e-9\nlayouts:\n"
+            f"  perturb-r2: {{loss: {loss}}}\n")
+
+
+def test_a_quiet_layout_gets_its_own_tolerance_from_its_measured_noise(run_matrix, pytester):
+    """A loss moved by 2e-5 relative: inside the lane's 1e-4 (sized for its noisiest layout), ten times this
+    layout's own measured noise (2e-6): the noise file makes it fail. Measured on other versions, the file does not
+    apply and the lane judges."""
+    text = fake_matrix(modes=["pass", "perturb"], args=', "--delta", "0.0001"', extra=NOISY)
+    (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-6"))
+    caught = run_matrix(text)
+    caught.assert_outcomes(passed=1, failed=1)
+    caught.stdout.fnmatch_lines(["*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2*"
+                                 "lane close, layout noise x5: rtol 1e-05*"])
+    (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-5"))  # as noisy as the bug: within 5x
+    run_matrix(text).assert_outcomes(passed=2)
+    (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-6", "{torch: 2.15.0}"))
+    run_matrix(text).assert_outcomes(passed=2)  # measured on another torch: the lane's tolerance
+
+
+def test_a_bad_noise_file_is_named_with_its_line(run_matrix, pytester):
+    (pytester.path / "fake.noise.yaml").write_text("measured_on: {}\nmargin: 5\nfloor: 1.0e-9\nlayouts:\n"
+                                                   "  perturb-r2: {loss: -1}\n")
+    result = run_matrix(fake_matrix(modes=["pass", "perturb"], extra=NOISY))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*fake.noise.yaml:5: layout 'perturb-r2': a mapping of loss, grad_norm, "
+                                 "update_norm to numbers >= 0*"])

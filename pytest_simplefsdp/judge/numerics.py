@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from ..spec.matrix import Lane, matches
@@ -74,6 +75,24 @@ def tolerance(kind, lane: Lane):
                 grad[1] if lane.update_atol is None else lane.update_atol,
                 math.inf if lane.update_steps is None else lane.update_steps)
     return (*grad, lane.grad_steps)
+
+
+def narrowed(lane: Lane, noise, cell_id, versions) -> Lane:
+    """The lane as it judges one cell: where the profile's noise file measured this layout on the versions the cell
+    runs, each relative tolerance (loss, gradient norms, update norms) is ``margin`` times the layout's own noise, at
+    least ``floor``, at most the lane's: a quiet layout gets no headroom sized for the noisiest of its lane."""
+    row = noise.layouts.get(cell_id) if noise is not None else None
+    ran = {p: str(v).split("+")[0] for p, v in (versions or {}).items()}
+    if row is None or any(ran.get(p) != str(v) for p, v in noise.measured_on.items()):
+        return lane
+    def tight(kind, lane_rtol):
+        return min(lane_rtol, max(noise.margin * row.get(kind, math.inf), noise.floor))
+    wide = (lane.rtol, tolerance("grad_norm", lane)[0], tolerance("update_norm", lane)[0])
+    own = tuple(tight(kind, rtol) for kind, rtol in zip(("loss", "grad_norm", "update_norm"), wide))
+    if own == wide:  # (an exact lane: nothing tighter than 0)
+        return lane
+    return replace(lane, name=f"{lane.name}, layout noise x{noise.margin:g}", rtol=own[0], grad_rtol=own[1],
+                   update_rtol=own[2])
 
 
 def read_param_stats(folder: Path) -> dict:

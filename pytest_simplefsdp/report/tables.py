@@ -96,7 +96,7 @@ def _proofs(run, verbose):
             off = sum(1 for rec in compared if rec.get("failure_class") == "numerics")
             equal = sum(1 for rec in compared if rec["numerics"]["max_abs_diff"] == 0)
             lines.append(f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise equal, "
-                         f"{len(compared) - equal - off} within their lanes' tolerances"
+                         f"{len(compared) - equal - off} within their tolerances"
                          + (f", {off} outside)" if off else ")"))
         if shown:
             checks = [e["ok"] for rec in shown for e in rec["evidence"]]
@@ -107,7 +107,7 @@ def _proofs(run, verbose):
         compared = [rec for rec in compared if rec.get("status") != "passed"]
         shown = [rec for rec in shown if rec.get("status") != "passed"]
     if compared:
-        lines.append("numerics (≡ bitwise equal to the baseline, ≈ within the lane's tolerance):")
+        lines.append("numerics (≡ bitwise equal to the baseline, ≈ within its tolerance):")
         for rec in compared:
             n = rec["numerics"]
             lines.append(f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "

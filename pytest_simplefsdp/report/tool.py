@@ -17,7 +17,7 @@ from ..spec.matrix import load_matrix
 from ..spec.upstream import UPSTREAM_AXES
 from ..store.runs import RunError, load_run
 from ..yamlio import MatrixError
-from . import page
+from . import noise, page
 from .compare import change_lines, compare_runs
 from .markdown import render_md
 from .tables import render_text
@@ -73,8 +73,9 @@ def main(argv=None):
                     "file that judged it (or another), optionally compared with an older run. Exits 1 under --gate "
                     "when any cell fails.")
     parser.add_argument("run", metavar="RUN", help="a --simplefsdp-json document or a run's results.jsonl")
-    parser.add_argument("--format", choices=("text", "md", "json"), default="text",
-                        help="text (the terminal table), md (the status markdown), json (the run document)")
+    parser.add_argument("--format", choices=("text", "md", "json", "noise"), default="text",
+                        help="text (the terminal table), md (the status markdown), json (the run document), noise "
+                             "(each layout's noise, as a profile's numerics `noise` file holds it)")
     parser.add_argument("--known-failures", metavar="YAML", type=Path, default=None,
                         help="re-judge every cell against this file (default: the file the run records as its "
                              "judge; for runs that do not say: the shipped one)")
@@ -108,6 +109,8 @@ def main(argv=None):
         doc["comparison"], doc["compared_with"] = compare_runs(old, doc), str(args.compare)
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    elif args.format == "noise":
+        sys.stdout.write(noise.render(doc))
     else:  # byte for byte what --simplefsdp-status-md wrote for the same run, known failures and folder
         sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc, args.verbose) + "\n")
     if old is not None and args.format == "text":

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from ..judge.invariants import stats_of as update_stats
-from ..judge.numerics import compare, compare_params, lane_for, mismatch_line, param_line, read_param_stats
+from ..judge.numerics import (compare, compare_params, lane_for, mismatch_line, narrowed, param_line,
+                              read_param_stats)
 from ..judge.results import CellResult
 from ..kinds import FailureClass, RecordType, Status
 from ..paths import probe_folder
@@ -257,6 +258,8 @@ class Book:
         lane = lane_for(run.matrix.numerics.lanes, cell.axes)
         if lane is None or result.status != Status.PASSED:
             return
+        # (a confirming rerun, `<cell>/confirm2`, is judged as its cell)
+        lane = narrowed(lane, run.matrix.numerics.noise, cell.id.split("/")[0], result.versions)
         base = self.baseline_for(run, cell, result)
         if isinstance(base, Unavailable):  # not the cell's failure: infra, naming the job that failed
             result.fail(FailureClass.INFRA, base.reason)

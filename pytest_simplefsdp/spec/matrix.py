@@ -43,14 +43,16 @@ TOP_KEYS = {
                 "target's step of that name first (one process) and the cell with what it made",
     "numerics": "compare losses, gradient, update and parameter norms with a baseline: {global_batch_size, baseline, "
                 "lanes: [{name, match, rtol, atol, max_miss, grad_rtol, grad_atol, grad_steps, update_rtol, "
-                "update_atol, update_steps}]}",
+                "update_atol, update_steps}], noise: FILE (each layout's measured noise: its tolerance, see "
+                "docs/design.md)}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
              "profile's when each cell runs as one simulated rank on a CPU machine",
     "versions": "package -> versions every cell runs on ({torch: [installed, 2.15.0]}): an axis `versions` whose "
                 "values are version sets (torch==2.15.0); each set runs in an environment of its own (uv)",
 }
 TRACE_KEYS = {"models", "settings", "rules", "rank"}
-NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes"}
+NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes", "noise"}
+NOISE_KINDS = ("loss", "grad_norm", "update_norm")  # what a noise file measures per layout
 LANE_KEYS = {"name", "match", "rtol", "atol", "max_miss", "grad_rtol", "grad_atol", "grad_steps", "update_rtol",
              "update_atol", "update_steps"}
 RULE_KEYS = {"name", "drop_if", "reason"}
@@ -106,10 +108,23 @@ class Lane:
 
 
 @dataclass
+class Noise:
+    """Each layout's own noise: the largest relative difference from its baseline a clean run of the whole profile
+    showed (loss, step-1 gradient norms, update norms), measured on ``measured_on``'s versions. A cell's tolerance
+    is ``margin`` times its layout's noise (at least ``floor``), never more than its lane's."""
+    path: Path
+    margin: float
+    floor: float
+    measured_on: dict  # package -> version the noise was measured on
+    layouts: dict  # cell id -> {kind: largest relative difference}
+
+
+@dataclass
 class Numerics:
     global_batch_size: int
     baseline: dict  # axis values the baseline cell takes (its dp degree is the cell's)
     lanes: list
+    noise: Noise | None = None
 
 
 @dataclass
@@ -487,7 +502,36 @@ def _numerics(path, doc, axes):
         lanes.append(Lane(str(name), [e.values for e in match] or [{}], where=lwhere, **numbers))
     if not lanes:
         raise MatrixError(f"{where}: numerics needs at least one lane")
-    return Numerics(gbs, baseline, lanes)
+    noise = _noise(path, node) if node.get("noise") is not None else None
+    return Numerics(gbs, baseline, lanes, noise)
+
+
+def _noise(path, node):
+    """The noise file the numerics section names (relative to the matrix file)."""
+    where = line_of(path, node, key="noise")
+    file = Path(path).parent / str(node["noise"])
+    if not file.is_file():
+        raise MatrixError(f"{where}: numerics.noise: no file {file}")
+    doc = load_yaml(file)
+    if not isinstance(doc, dict) or not isinstance(doc.get("layouts"), dict):
+        raise MatrixError(f"{file}: a noise file is a mapping with `measured_on`, `margin`, `floor` and `layouts` "
+                          f"(cell id -> {{{', '.join(NOISE_KINDS)}}})")
+    _check_keys(file, doc, {"measured_on", "margin", "floor", "layouts"}, "noise")
+    numbers = {}
+    for key in ("margin", "floor"):
+        value = doc.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise MatrixError(f"{line_of(file, doc, key=key) if key in doc else file}: {key} must be a number > 0, "
+                              f"got {value!r}")
+        numbers[key] = float(value)
+    layouts = {}
+    for cell, row in doc["layouts"].items():
+        if not isinstance(row, dict) or any(k not in NOISE_KINDS or isinstance(v, bool) or not isinstance(v, (int, float))
+                                            or v < 0 for k, v in row.items()):
+            raise MatrixError(f"{line_of(file, doc['layouts'], key=cell)}: layout {cell!r}: a mapping of "
+                              f"{', '.join(NOISE_KINDS)} to numbers >= 0, got {plain(row)!r}")
+        layouts[str(cell)] = {k: float(v) for k, v in row.items()}
+    return Noise(file, numbers["margin"], numbers["floor"], plain(doc.get("measured_on") or {}), layouts)
 
 
 def with_tier(matrix: Matrix, tier: Tier | str) -> Matrix:
