@@ -22,7 +22,8 @@ from .tables import (GRID_KEY, MUTATION_HEADERS, STATUS_MD, TRACE_NOTE, grid, mu
                      summary_counts, where_line)
 
 LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 after one of those: flaky (a known flaky cell, "
-          "or a flaky cell's flip since the compared run) · ⚠️ known failure that passed (XPASS: delete its entry) · ⏭️ skipped · ➖ n/a (ruled out) "
+          "or a flaky cell's flip since the compared run) · ⚠️ known failure that passed (XPASS: delete its entry) · "
+          "⏭️ skipped · ➖ n/a (ruled out) "
           "· 🆕 newly broken · 🎉 newly fixed · 🔀 failure signature changed since the compared run · " + GRID_KEY)
 
 

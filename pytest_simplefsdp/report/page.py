@@ -178,7 +178,8 @@ def _run(run, changes, link):
     combos = failing_combinations(run)
     if combos:
         out.append("<h3>Which combination fails</h3><ul>")
-        out.extend(f"<li><b>{_e(c.label())}</b>{'' if c.separated else ' (no passing cell tells them apart: what they share)'}: "
+        apart = " (no passing cell tells them apart: what they share)"
+        out.extend(f"<li><b>{_e(c.label())}</b>{'' if c.separated else apart}: "
                    f"{plural(len(c.cells), 'cell')}{', known failure ' + _e(c.known) if c.known else ''}: "
                    f"<code>{_e(c.signature[:200])}</code></li>" for c in combos)
         out.append("</ul>")

@@ -95,7 +95,8 @@ def _proofs(run, verbose):
         if compared:
             off = sum(1 for rec in compared if rec.get("failure_class") == "numerics")
             equal = sum(1 for rec in compared if rec["numerics"]["max_abs_diff"] == 0)
-            lines.append(f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise equal, "
+            lines.append(f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise "
+                         f"equal, "
                          f"{len(compared) - equal - off} within their tolerances"
                          + (f", {off} outside)" if off else ")"))
         if shown:
@@ -141,7 +142,8 @@ def summary_counts(run):
     counts = Counter(rec.get("status") for rec in run["cells"])
     ran = ", ".join(f"{n} {status}" for status, n in counts.most_common()) or "none"
     valid = run["meta"].get("cells", len(run["cells"]))
-    return f"{len(run['cells'])} of {plural(valid, 'valid cell')} run ({ran}); {plural(len(run['dropped']), 'combination')} n/a"
+    return (f"{len(run['cells'])} of {plural(valid, 'valid cell')} run ({ran}); "
+            f"{plural(len(run['dropped']), 'combination')} n/a")
 
 
 def ran_under(run):

@@ -16,6 +16,7 @@ from ..paths import KNOWN_FAILURES, MATRIX_DIR
 from ..spec.matrix import load_matrix
 from ..spec.upstream import UPSTREAM_AXES
 from ..store.runs import RunError, load_run
+from ..words import plural
 from ..yamlio import MatrixError
 from . import noise, page
 from .compare import change_lines, compare_runs
@@ -120,7 +121,8 @@ def main(argv=None):
         print(f"html: {page.write(doc, args.html)}", file=sys.stderr)
     failed = [rec["id"] for run in doc["runs"] for rec in run["cells"] if rec["status"] == Status.FAILED]
     if args.gate and failed:
-        print(f"gate: {len(failed)} cell{'' if len(failed) == 1 else 's'} fail{'s' if len(failed) == 1 else ''}: {', '.join(failed[:8])}{' ...' if len(failed) > 8 else ''}",
+        print(f"gate: {plural(len(failed), 'cell')} fail{'s' if len(failed) == 1 else ''}: "
+              f"{', '.join(failed[:8])}{' ...' if len(failed) > 8 else ''}",
               file=sys.stderr)
         return 1
     return 0

@@ -77,5 +77,7 @@ def _verdict(rec):
 def summary(pairs, first, second) -> str:
     same = sum(1 for t in pairs if not t.differs())
     bitwise = sum(1 for t in pairs if t.numerics() == BITWISE)
-    return (f"twin run {first} vs {second}: {plural(len(pairs), 'cell')} on both; {same} behave{'s' if same == 1 else ''} the same "
-            f"({bitwise} with bitwise equal losses); {len(pairs) - same} differ{'s' if len(pairs) - same == 1 else ''}")
+    differ = len(pairs) - same
+    return (f"twin run {first} vs {second}: {plural(len(pairs), 'cell')} on both; {same} behave"
+            f"{'s' if same == 1 else ''} the same ({bitwise} with bitwise equal losses); {differ} differ"
+            f"{'s' if differ == 1 else ''}")

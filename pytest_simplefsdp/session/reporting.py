@@ -161,8 +161,8 @@ class Reporter:
         # the page is written by default beside the run's records (a run that stored nothing has no page)
         html = s.html or (self.state.run_dir if self.state.store.jsonl is not None else None)
         if html:
-            tr.write_line(f"html page: {shown(page.write(doc, html), self.root)}" + ("" if s.html else " (--simplefsdp-html=PATH "
-                                                                    "writes it elsewhere; with the wall-time plot)"))
+            elsewhere = "" if s.html else " (--simplefsdp-html=PATH writes it elsewhere; with the wall-time plot)"
+            tr.write_line(f"html page: {shown(page.write(doc, html), self.root)}{elsewhere}")
 
     def coverage(self, tr):
         """--simplefsdp-coverage: the upstream suite's coverage by the shipped profiles, written and summed up."""

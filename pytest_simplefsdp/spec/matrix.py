@@ -526,8 +526,8 @@ def _noise(path, node):
         numbers[key] = float(value)
     layouts = {}
     for cell, row in doc["layouts"].items():
-        if not isinstance(row, dict) or any(k not in NOISE_KINDS or isinstance(v, bool) or not isinstance(v, (int, float))
-                                            or v < 0 for k, v in row.items()):
+        if not isinstance(row, dict) or any(k not in NOISE_KINDS or isinstance(v, bool)
+                                            or not isinstance(v, (int, float)) or v < 0 for k, v in row.items()):
             raise MatrixError(f"{line_of(file, doc['layouts'], key=cell)}: layout {cell!r}: a mapping of "
                               f"{', '.join(NOISE_KINDS)} to numbers >= 0, got {plain(row)!r}")
         layouts[str(cell)] = {k: float(v) for k, v in row.items()}

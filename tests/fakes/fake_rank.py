@@ -63,7 +63,7 @@ def main():
     p.add_argument("--startup", type=float, default=0.0, help="seconds to sleep before step 1")
     p.add_argument("--at-step", type=int, default=2, help="the step at which --rank misbehaves")
     p.add_argument("--tp", type=int, default=None, help="the TP degree asked; recorded as evidence")
-    p.add_argument("--flag", default=None, help="porttaken: the file whose absence makes this try fail")
+    p.add_argument("--flag", default=None, help="porttaken, segvonce: the file whose absence makes this try fail")
     p.add_argument("--checkpoint", action="store_true", help="resume from <dump>/checkpoint, save there at the end")
     p.add_argument("--no-load", action="store_true", help="with --checkpoint: ignore the saved one (a broken resume)")
     p.add_argument("--needs", default=None, help="a file a step before the cell must have written (its artifact)")
@@ -157,6 +157,9 @@ def main():
         if me and a.mode in ("hang", "usr1ignore"):
             time.sleep(3600)
         if me and a.mode == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if me and a.mode == "segvonce" and not os.path.exists(a.flag):  # a crash of one run only, as under load
+            open(a.flag, "w").close()
             os.kill(os.getpid(), signal.SIGSEGV)
         if me and a.mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
