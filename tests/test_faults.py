@@ -268,13 +268,13 @@ def test_a_timed_out_test_leaves_no_pytest_of_its_own_running(pytester, monkeypa
 
 
 def test_a_rank_killed_by_a_signal_once_runs_again_before_it_is_called_new(run_matrix, pytester):
-    """Under --simplefsdp-confirm=1 (no reruns asked for), a crash by a signal still runs once more: a SIGSEGV of one
-    run is flaky, not new; one that crashes every run is new after its two runs."""
+    """By default (--simplefsdp-confirm=2) a crash by a signal runs once more: a SIGSEGV of one run is flaky, not
+    new; one that crashes every run is new after its two runs."""
     from helpers import fake_matrix
 
     flag = pytester.path / "crashed-once"
     text = fake_matrix(modes=["segvonce", "segv"], args=f', "--flag", "{flag}"')
-    result = run_matrix(text)  # (run_matrix passes --simplefsdp-confirm=1)
+    result = run_matrix(text, "--simplefsdp-confirm=2")  # (the default; run_matrix passes 1 unless told)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*segvonce-r2: [[]crash[]] rank 1 killed by SIGSEGV*",
                                  "  flaky, new: passed 1 of 2 runs*"])

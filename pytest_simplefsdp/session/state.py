@@ -168,12 +168,9 @@ class MatrixSession:
 
     def confirm(self, run, cell, result):
         """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it
-        is reported as new; one that passes in any run is reported as flaky, with its pass rate. A rank killed by a
-        signal runs once more even under --simplefsdp-confirm=1. A cell that did not run to its own end (SLURM
-        cancelled it, srun refused it) is not run again: its failure is not the cell's."""
+        is reported as new; one that passes in any run is reported as flaky, with its pass rate. A cell that did
+        not run to its own end (SLURM cancelled it, srun refused it) is not run again: its failure is not the cell's."""
         runs = self.settings.confirm
-        if result.failure_class == FailureClass.CRASH:  # a rank killed by a signal once, under load, says little
-            runs = max(runs, 2)
         if runs <= 1 or result.not_run:  # a cell the launcher did not run (or someone stopped) shows nothing of its own
             return
         if result.culprit:

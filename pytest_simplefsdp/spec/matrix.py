@@ -511,7 +511,8 @@ def _noise(path, node):
     where = line_of(path, node, key="noise")
     file = Path(path).parent / str(node["noise"])
     if not file.is_file():
-        raise MatrixError(f"{where}: numerics.noise: no file {file}")
+        raise MatrixError(f"{where}: numerics.noise: no file {file} (a copy of a shipped profile needs its "
+                          f"noise/ folder beside it; without the key each lane judges alone)")
     doc = load_yaml(file)
     if not isinstance(doc, dict) or not isinstance(doc.get("layouts"), dict):
         raise MatrixError(f"{file}: a noise file is a mapping with `measured_on`, `margin`, `floor` and `layouts` "
