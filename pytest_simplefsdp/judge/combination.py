@@ -8,7 +8,7 @@ miss them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 
 
@@ -16,10 +16,6 @@ from itertools import combinations
 class Needs:
     values: list  # [(axis, value or [values])]: what the failing cells need, in axis order
     separated: bool  # False: no passing cell tells them apart, so ``values`` is only what they share
-    nearest: list = field(default_factory=list)  # the passing cells' axes at the fewest differing axes
-
-    def label(self):
-        return label(self.values)
 
 
 def label(values) -> str:
@@ -53,5 +49,5 @@ def needs(failing: list[dict], passing: list[dict]) -> Needs:
         if found:  # what the nearest passing cells lack, then shared values over lists, then axis order
             best = min(found, key=lambda s: (-sum(a in contrast for a, _ in s),
                                              sum(isinstance(v, list) for _, v in s), [order.index(a) for a, _ in s]))
-            return Needs(list(best), True, nearest)
-    return Needs(common, False, nearest)  # a passing cell has every value they have (a flaky failure)
+            return Needs(list(best), True)
+    return Needs(common, False)  # a passing cell has every value they have (a flaky failure)

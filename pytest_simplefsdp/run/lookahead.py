@@ -90,8 +90,8 @@ def _plan(state, selected, progress, tr):
 
 def _job(state, tr, run, cell, verbose, note=""):
     spec = state.runner.spec_for(run, cell, port=29500, seed=_seed(state, run, cell))
-    tr.write_line(f"{run.name}::{cell.id}  [{cell.world} rank{'' if cell.world == 1 else 's'}, timeout "
-                  f"{spec.timeout:.0f} s]" + (f"  {note}" if note else ""))
+    tr.write_line(f"{run.name}::{cell.id}  [{plural(cell.world, 'rank')}, timeout {spec.timeout:.0f} s]"
+                  + (f"  {note}" if note else ""))
     if verbose:
         _command(state, tr, run, cell)
 
