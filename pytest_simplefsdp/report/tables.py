@@ -90,32 +90,31 @@ def _proofs(run, verbose):
     """The numerics and evidence lines: quiet on success, as pytest is (details for failures, more with -v)."""
     lines = []
     compared = [rec for rec in run["cells"] if rec.get("numerics")]
-    shown = [rec for rec in run["cells"] if rec.get("evidence")]
+    checked = [rec for rec in run["cells"] if rec.get("evidence")]
     if not verbose:
         if compared:
             off = sum(1 for rec in compared if rec.get("failure_class") == "numerics")
             equal = sum(1 for rec in compared if rec["numerics"]["max_abs_diff"] == 0)
             lines.append(f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise "
-                         f"equal, "
-                         f"{len(compared) - equal - off} within their tolerances"
+                         f"equal, {len(compared) - equal - off} within their tolerances"
                          + (f", {off} outside)" if off else ")"))
-        if shown:
-            checks = [e["ok"] for rec in shown for e in rec["evidence"]]
-            lines.append(f"evidence: {plural(len(shown), 'cell')} checked against their labels ({sum(checks)} of "
+        if checked:
+            checks = [e["ok"] for rec in checked for e in rec["evidence"]]
+            lines.append(f"evidence: {plural(len(checked), 'cell')} checked against their labels ({sum(checks)} of "
                          f"{plural(len(checks), 'check')} hold)")
-        if compared or shown:
+        if compared or checked:
             lines.append("    (-v lists them per cell)")
         compared = [rec for rec in compared if rec.get("status") != "passed"]
-        shown = [rec for rec in shown if rec.get("status") != "passed"]
+        checked = [rec for rec in checked if rec.get("status") != "passed"]
     if compared:
         lines.append("numerics (≡ bitwise equal to the baseline, ≈ within its tolerance):")
         for rec in compared:
             n = rec["numerics"]
             lines.append(f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
                          f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}{_params_note(n)}")
-    if shown:
+    if checked:
         lines.append("evidence (the run shows its label: checks that hold / checks, labels checked):")
-        for rec in shown:
+        for rec in checked:
             held = sum(1 for e in rec["evidence"] if e["ok"])
             labels = ", ".join(dict.fromkeys(e["axis"] for e in rec["evidence"]))
             lines.append(f"    {rec['id']}: {held}/{len(rec['evidence'])} ({labels})")

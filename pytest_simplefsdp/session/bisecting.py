@@ -147,10 +147,8 @@ class Bisector:
         log = main_log(rec)
         tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
         # the failing side, portable: the plugin builds that version set's environment itself (uv), on any machine
-        vset = cell_set(item.cell.axes)
-        if first is not None:
-            vset = vset.with_pin(item.package, first.version)
-        rerun = rerun_command(item.run.name, item.cell.id, item.cell.axes, item.run.matrix.tier, vset.label())
+        rerun = rerun_command(item.run.name, item.cell.id, item.cell.axes, item.run.matrix.tier,
+                              failing_set(item, first).label())
         lines += ["", "## Reproducer", "", "In an environment with torchtitan and the plugin "
                   f"(`pip install pytest-simplefsdp`; the failing side ran {', '.join(self.pins(item, first))}):", "",
                   "```sh", rerun, "```", "",
@@ -160,12 +158,16 @@ class Bisector:
 
     def pins(self, item, probe):
         """torch and torchtitan as the failing probe ran them: the set's pins, the installed versions for the rest."""
-        vset = cell_set(item.cell.axes)
-        if probe is not None:
-            vset = vset.with_pin(item.package, probe.version)
+        vset = failing_set(item, probe)
         ran = vset.versions(installed_releases())
         return [f"{p}@{ran[p]}" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
                 for p in ("torch", "torchtitan")]
+
+
+def failing_set(item, probe):
+    """The version set the failing probe ran (the cell's own, with the bisected package pinned to its version)."""
+    vset = cell_set(item.cell.axes)
+    return vset if probe is None else vset.with_pin(item.package, probe.version)
 
 
 def installed_releases() -> dict:
