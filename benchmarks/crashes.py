@@ -1,14 +1,15 @@
 """How often ranks crash (killed by a signal) under each launcher, on the same real CPU cells, under load. Not a test.
 
-    python benchmarks/crashes.py [--runs 8] [--load 2] [--cells ID ...] [--launchers fork local torchrun]
+    python benchmarks/crashes.py [--runs 8] [--load 2] [--cells ID ...] [--launchers fork local torchrun] [--fresh]
 
 Each run is one ``pytest --simplefsdp-matrix matrix/cpu.yaml::<cell> --simplefsdp-launcher=L
---simplefsdp-confirm=1`` in a folder of its launcher (seed checkpoints and baselines kept after the first run),
+--simplefsdp-confirm=1`` in a folder of its launcher (seed checkpoints and baselines kept after the first run;
+``--fresh``: made again in every run, as a first run makes them: issue 39's crash was a forked baseline's),
 round-robin over the launchers, while ``--load`` processes spin on the CPUs (a CI machine running something else).
 A run's first attempt is its record's failure class (a crash is `crash`: a rank killed by a signal); a crashed run
 is run once more by the plugin (session.state.confirm), whose outcome is the record's ``confirm``. Prints per
-launcher and cell: runs, first attempts that crashed, other failures, crashes that passed when run again, and the
-signals seen.
+launcher and cell: runs, first attempts that crashed, baselines that crashed, other failures, crashes that passed
+when run again, the signals seen, and the runs whose fork server held another thread when it forked.
 """
 
 import argparse
@@ -32,13 +33,14 @@ def spin(stop):
         sum(i * i for i in range(10_000))
 
 
-def one(folder, cell, launcher):
+def one(folder, cell, launcher, fresh=False):
     """(record of the cell, wall seconds) of one plugin run."""
     out = folder / "run.json"
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"matrix/cpu.yaml::{cell}",
                     f"--simplefsdp-launcher={launcher}", "--simplefsdp-confirm=1", f"--simplefsdp-json={out}",
-                    "-p", "no:cacheprovider", "-q"], cwd=folder, capture_output=True, text=True)
+                    *(["--simplefsdp-fresh"] if fresh else []), "-p", "no:cacheprovider", "-q"],
+                   cwd=folder, capture_output=True, text=True)
     wall = time.monotonic() - start
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": [{"cells": []}]}
     rec = next((c for c in doc["runs"][0]["cells"] if c["id"] == cell), {"status": "missing"})
@@ -51,6 +53,7 @@ def main():
     parser.add_argument("--load", type=int, default=2, help="busy processes beside the runs")
     parser.add_argument("--cells", nargs="+", default=["deepseek_v3-dp2-ep2-eager", "llama3-dp2-eager"])
     parser.add_argument("--launchers", nargs="+", default=["fork", "local", "torchrun"])
+    parser.add_argument("--fresh", action="store_true", help="seed checkpoints and baselines made again every run")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="simplefsdp-crashes-"))
     stop = multiprocessing.Event()
@@ -64,12 +67,18 @@ def main():
                 for launcher in args.launchers:
                     folder = root / launcher
                     folder.mkdir(exist_ok=True)
-                    rec, wall = one(folder, cell, launcher)
-                    row = rows.setdefault((launcher, cell), {"runs": 0, "crashed": 0, "other": 0, "passed again": 0,
-                                                             "signals": Counter(), "walls": []})
+                    rec, wall = one(folder, cell, launcher, args.fresh)
+                    row = rows.setdefault((launcher, cell), {"runs": 0, "crashed": 0, "baseline": 0, "other": 0,
+                                                             "passed again": 0, "threads": 0, "signals": Counter(),
+                                                             "walls": []})
                     row["runs"] += 1
                     row["walls"].append(wall)
-                    if rec.get("failure_class") == "crash":
+                    row["threads"] += any("other thread" in d for d in rec.get("details") or [])
+                    line = rec.get("error_line") or ""
+                    if rec.get("failure_class") == "infra" and line.startswith("baseline ") and SIGNAL.search(line):
+                        row["baseline"] += 1
+                        row["signals"].update(SIGNAL.findall(line))
+                    elif rec.get("failure_class") == "crash":
                         row["crashed"] += 1
                         row["signals"].update(SIGNAL.findall(rec.get("error_line") or ""))
                         row["passed again"] += int((rec.get("confirm") or {}).get("passed", 0) > 0)
@@ -82,11 +91,12 @@ def main():
         for p in load:
             p.join()
     print(f"\nload: {args.load} busy processes on {os.cpu_count()} CPUs; folders under {root}")
-    print(f"{'launcher':9} {'cell':28} {'runs':>4} {'crashed':>7} {'other':>5} {'passed again':>12}  signals  median wall")
+    print(f"{'launcher':9} {'cell':28} {'runs':>4} {'crashed':>7} {'baseline crashed':>16} {'other':>5} "
+          f"{'passed again':>12} {'threads':>7}  signals  median wall")
     for (launcher, cell), r in rows.items():
         walls = sorted(r["walls"])
-        print(f"{launcher:9} {cell:28} {r['runs']:>4} {r['crashed']:>7} {r['other']:>5} {r['passed again']:>12}  "
-              f"{dict(r['signals']) or '-'}  {walls[len(walls) // 2]:.0f}s")
+        print(f"{launcher:9} {cell:28} {r['runs']:>4} {r['crashed']:>7} {r['baseline']:>16} {r['other']:>5} "
+              f"{r['passed again']:>12} {r['threads']:>7}  {dict(r['signals']) or '-'}  {walls[len(walls) // 2]:.0f}s")
 
 
 if __name__ == "__main__":

@@ -217,9 +217,9 @@ def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pyteste
     cell = run_one_failing_cell(pytester, matrix)
     assert sorted(cell["losses"]) == ["1", "2"]  # it trained: only the evidence tells
     assert cell["failure_class"] == "invalid_config"
-    # two independent witnesses: the config torchtitan parsed (the probe) and the compile trace
+    # two independent witnesses: the terminal graph pass that ran (the probe) and the compile trace
     assert cell["error_line"] == ("the run does not show its label: backend=inductor: expected "
-                                  "config.compile.inductor_compilation = full on every rank, saw regional on ranks 0, 1")
+                                  "effects.inductor_compilation = full on every rank, saw regional on ranks 0, 1")
     codegen = [e for e in cell["evidence"] if e["expected"].startswith("inductor output code")]
     assert len(codegen) == 1 and not codegen[0]["ok"] and codegen[0]["seen"].startswith("none in 2 of 2 trace files")
     assert "--compile.inductor_compilation full" in Path(cell["log_dir"], "command.txt").read_text()
@@ -227,7 +227,7 @@ def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pyteste
 
 def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytester):
     """tp=2 asked, undone after the target's flags (an ignored flag would look the same): the run trains
-    as plain FSDP on 2 ranks and exits 0; the shim's probe saw tp 1 and no tp mesh."""
+    as plain FSDP on 2 ranks and exits 0; the parameters lie sharded over fsdp 2, over no tp dimension."""
     matrix = pytester.path / "lying_tp.yaml"
     matrix.write_text(textwrap.dedent("""\
         profile: lying-tp
@@ -250,10 +250,10 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
     cell = run_one_failing_cell(pytester, matrix)
     assert sorted(cell["losses"]) == ["1", "2"]  # it trained
     assert cell["failure_class"] == "invalid_config"
-    assert cell["error_line"] == ("the run does not show its label: dp_shard=1: expected degrees.dp_shard = 1 on every "
+    assert cell["error_line"] == ("the run does not show its label: dp_shard=1: expected effects.dp_shard = 1 on every "
                                   "rank, saw 2 on ranks 0, 1")
     wrong = {e["axis"] + " " + e["expected"].split(" =")[0] for e in cell["evidence"] if not e["ok"]}
-    assert wrong == {"dp_shard=1 degrees.dp_shard", "tp=2 degrees.tp", "tp=2 mesh.tp"}
+    assert wrong == {"dp_shard=1 effects.dp_shard", "tp=2 effects.tp"}
 
 
 def test_the_mutation_tier_kills_gradient_load_update_schedule_and_state_bugs(pytester):
@@ -360,8 +360,8 @@ def test_the_probe_attaches_when_a_foreign_hook_imports_torchtitan(pytester, fal
         result.assert_outcomes(failed=1)
         assert cell["failure_class"] == "infra" and "mesh" not in hooks
         assert cell["error_line"].startswith("the evidence probe cannot show the label: dp_replicate=1: expected "
-                                             "degrees.dp_replicate = 1 on every rank, saw nothing: the evidence "
-                                             "probe's 'mesh' hook did not attach on ranks 0, 1")
+                                             "effects.dp_replicate = 1 on every rank, saw nothing: the evidence "
+                                             "probe's 'train_step' hook did not attach on ranks 0, 1")
 
 
 RESUME = """\

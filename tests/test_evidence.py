@@ -1,9 +1,11 @@
 """Evidence that a cell's label took effect, read from what the run left behind (here: compile traces)."""
 
 import json
+
 from helpers import cells_of
 
-from pytest_simplefsdp.judge.evidence import inductor_codegen
+from pytest_simplefsdp.judge.evidence import Expect, check, inductor_codegen
+from pytest_simplefsdp.shim.effects import policy_of
 
 
 def trace_line(kind, payload=True):
@@ -100,3 +102,36 @@ def test_bad_evidence_keys_are_usage_errors_naming_the_file(run_matrix, pytester
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*fake.yaml:2: target.evidence must map axes (mode, ranks) to probe keys "
                                  "'<section>.<name>', got {'nope': 'mesh.tp'}*"])
+
+
+def write_probes(log_dir, per_rank):
+    """Each rank's probe record (its ``effects`` section) where judge.evidence reads them."""
+    folder = log_dir / "evidence"
+    folder.mkdir(parents=True)
+    for rank, effects in enumerate(per_rank):
+        (folder / f"rank{rank}.json").write_text(json.dumps({"probe": {"started": "yes", "hooks": ["train_step"]},
+                                                             "effects": effects}))
+    return log_dir
+
+
+def test_pipeline_stages_are_counted_as_distinct_block_sets_over_the_ranks(tmp_path):
+    """pp=2 on 4 ranks (dp 2): two stages, each held by two ranks; a split that was ignored leaves one set."""
+    stages = write_probes(tmp_path / "split", [{"layers": ["0", "1"]}, {"layers": ["0", "1"]},
+                                                {"layers": ["2", "3"]}, {"layers": ["2", "3"]}])
+    whole = write_probes(tmp_path / "whole", [{"layers": ["0", "1", "2", "3"]}] * 4)
+    pp = Expect("pp=2", "effects.layers", "2", hooks=("train_step",), across=True)
+    assert check([pp], stages)[0].ok
+    ignored = check([pp], whole)[0]
+    assert not ignored.ok and not ignored.infra
+    assert ignored.line() == ("pp=2: expected 2 distinct effects.layers over the ranks, saw 1: "
+                              "['0', '1', '2', '3'] on ranks 0, 1, 2, 3")
+    assert pp.line() == "pp=2 <- distinct effects.layers"
+
+
+def test_a_memory_policy_is_read_from_the_tags_it_wrote():
+    """The tag counts the probe read off real traced graphs (llama3 dp2, full and default), and the others'."""
+    assert policy_of({"MUST_RECOMPUTE": 616, "MUST_SAVE": 24, "mm_recomputed": 30}) == "full"
+    assert policy_of({"PREFER_RECOMPUTE": 234, "MUST_SAVE": 26, "mm_saved": 15}) == "default"
+    assert policy_of({"PREFER_RECOMPUTE": 234, "MUST_SAVE": 20, "mm_saved": 8, "mm_recomputed": 7}) == "eager"
+    assert policy_of({"PREFER_RECOMPUTE": 9, "MUST_SAVE": 3, "MUST_CPU_OFFLOAD": 2}) == "sac_and_offload"
+    assert policy_of({}) == "none"

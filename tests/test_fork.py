@@ -112,8 +112,8 @@ def test_ranks_that_end_at_once_are_reported_to_the_cell(tmp_path):
     try:
         for cell in range(300):
             logs = [str(tmp_path / f"cell{cell}-rank{r}.log") for r in (0, 1)]
-            ranks = server.start({"module": "instant_rank", "args": [], "envs": [{"RANK": "0"}, {"RANK": "1"}],
-                                  "logs": logs, "cwd": str(tmp_path)})
+            ranks, _ = server.start({"module": "instant_rank", "args": [], "envs": [{"RANK": "0"}, {"RANK": "1"}],
+                                     "logs": logs, "cwd": str(tmp_path)})
             assert [ranks[r].wait(timeout=30) for r in (0, 1)] == [3, 4], f"cell {cell}"
     finally:
         server.close()
@@ -126,8 +126,8 @@ def test_a_rank_of_a_server_that_died_is_not_waited_for_forever(tmp_path):
     server = _ForkServer(RankCommand([sys.executable, "-m", "slow_rank"], {"PYTHONPATH": str(tmp_path)},
                                      str(tmp_path)), ["slow_rank"], "slow")
     try:
-        ranks = server.start({"module": "slow_rank", "args": [], "envs": [{"RANK": "0"}],
-                              "logs": [str(tmp_path / "rank0.log")], "cwd": str(tmp_path)})
+        ranks, _ = server.start({"module": "slow_rank", "args": [], "envs": [{"RANK": "0"}],
+                                 "logs": [str(tmp_path / "rank0.log")], "cwd": str(tmp_path)})
         server.proc.kill()
         assert ranks[0].wait(timeout=30) == -9
     finally:
@@ -148,3 +148,37 @@ def test_a_server_whose_imports_block_fails_the_cell_at_its_timeout(run_matrix, 
     assert cell["failure_class"] == "infra", cell
     assert "fork server did not start (preloading blocked_rank): still importing after 5 s" in cell["error_line"]
     assert not marked("forkserver:")
+
+
+@pytest.mark.parametrize("conf", ["default", ""])
+def test_the_fork_server_forks_from_one_thread_with_pyarrow_loaded(tmp_path, conf):
+    """pyarrow (torchtitan's data loading imports it) starts jemalloc's background thread when it loads; a child
+    forked beside it has none, and a lock it held stays held. The server keeps to one thread; with jemalloc's
+    configuration set otherwise (here: empty, its default) the thread is there, and the server names it."""
+    pytest.importorskip("pyarrow")
+    (tmp_path / "arrow_rank.py").write_text("import sys\nimport pyarrow\nsys.exit(0)\n")
+    env = {"PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}  # as a CPU cell's (numpy's OpenBLAS: one thread)
+    if conf != "default":
+        env["JE_ARROW_MALLOC_CONF"] = conf
+    server = _ForkServer(RankCommand([sys.executable, "-m", "arrow_rank"], env, str(tmp_path)), ["arrow_rank"], conf)
+    try:
+        ranks, others = server.start({"module": "arrow_rank", "args": [], "envs": [{"RANK": "0"}],
+                                      "logs": [str(tmp_path / "rank0.log")], "cwd": str(tmp_path)})
+        assert ranks[0].wait(timeout=60) == 0
+    finally:
+        server.close()
+    assert others == ([] if conf == "default" else ["jemalloc_bg_thd"])
+
+
+def test_a_cell_forked_beside_another_thread_of_the_server_says_so(run_matrix, pytester):
+    (pytester.path / "starts_a_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+    (pytester.path / "threaded_rank.py").write_text("import starts_a_thread\nimport fake_rank\n"
+                                                     "fake_rank.main()\n")
+    text = module_matrix(["pass"]).replace('"-m", "fake_rank"', '"-m", "threaded_rank"').replace(
+        f'PYTHONPATH: "{FAKE_RANK.parent}"', f'PYTHONPATH: "{pytester.path}:{FAKE_RANK.parent}"')
+    out = pytester.path / "run.json"
+    result = run_matrix(text, f"--simplefsdp-json={out}", launcher="fork")
+    result.assert_outcomes(passed=1)
+    details = run_doc(out)["cells"][0]["details"]
+    assert any(d.startswith("the fork server held 1 other thread when it forked these ranks") for d in details), details

@@ -229,6 +229,11 @@ def test_a_gpu_profile_is_collected_on_a_cpu_host_and_its_cells_skipped(pytester
                                            f"--simplefsdp-artifacts={pytester.path / 'runs'}")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*profile h100x8 needs 8 CUDA devices, 0 visible*"])
+    # the dry run lists the commands (nothing launches anyway) and says the cells cannot run here
+    dry = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=h100x8", "-k", one,
+                                        "--simplefsdp-dry-run")
+    dry.stdout.fnmatch_lines(["matrix/h100x8.yaml: * valid cells, * n/a; not on this machine: profile h100x8 needs "
+                              "8 CUDA devices, 0 visible*"])
 
 
 def test_a_node_id_from_a_failed_line_runs_that_cell_and_test_paths_are_refused(run_matrix, pytester):

@@ -32,16 +32,18 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Expect:
-    """One thing a cell's label implies about its run: ``key`` of every rank's probe record is ``value``."""
+    """One thing a cell's label implies about its run: ``key`` of every rank's probe record is ``value`` (``across``:
+    the key takes ``value`` different values over the ranks, e.g. the sets of blocks pipeline stages hold)."""
 
     axis: str  # the label part, e.g. "tp=2"
-    key: str  # "<section>.<name>" of the probe record, e.g. "mesh.tp", "config.compile.mode"
+    key: str  # "<section>.<name>" of the probe record, e.g. "effects.tp", "effects.memory_policy"
     value: str
-    default: str | None = None  # what an absent key means (a mesh axis of size 1 is not built)
+    default: str | None = None  # what an absent key means (no pipeline schedule ran, no graph was tagged)
     hooks: tuple = ()  # the probe's hooks that record the key (probe.hooks): one unattached, the key says nothing
+    across: bool = False
 
     def line(self):
-        return f"{self.axis} <- {self.key}"
+        return f"{self.axis} <- {'distinct ' if self.across else ''}{self.key}"
 
 
 def read_probes(folder: Path) -> dict:
@@ -72,7 +74,7 @@ def check(expects: list, log_dir: Path, ranks=None) -> list:
     ranks = sorted(records) if ranks is None else list(ranks)
     out = []
     for e in expects:
-        expected = f"{e.key} = {e.value} on every rank"
+        expected = f"{e.value} distinct {e.key} over the ranks" if e.across else f"{e.key} = {e.value} on every rank"
         if not records:
             out.append(Evidence(e.axis, expected, f"no probe record in {folder}", False, infra=bool(e.hooks)))
             continue
@@ -81,6 +83,12 @@ def check(expects: list, log_dir: Path, ranks=None) -> list:
             out.append(Evidence(e.axis, expected, blind, False, infra=True))
             continue
         seen = {rank: _lookup(records.get(rank, {}), e.key, e.default) for rank in ranks}
+        if e.across:
+            distinct = sorted(set(seen.values()), key=str)
+            out.append(Evidence(e.axis, expected, f"{len(distinct)}: " + "; ".join(
+                f"{v} on ranks {', '.join(str(r) for r in ranks if seen[r] == v)}" for v in distinct),
+                str(len(distinct)) == e.value))
+            continue
         wrong = {r: v for r, v in seen.items() if v != e.value}
         if not wrong:
             out.append(Evidence(e.axis, expected, f"{e.value} on ranks {', '.join(map(str, seen))}", True))

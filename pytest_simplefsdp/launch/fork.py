@@ -41,6 +41,7 @@ class _ForkServer:
         self.marker = f"forkserver:{SESSION}:{key}"
         env = dict(os.environ, **command.env, **{MARKER: self.marker, "PYTHONUNBUFFERED": "1"})
         env["PYTHONPATH"] = python_path(command)
+        env.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")  # one thread to fork from (forkserver.py)
         self.errors = tempfile.TemporaryFile()  # the server's own stderr: why it did not start
         self.proc = spawn([interpreter(command.argv), "-m", "pytest_simplefsdp.launch.forkserver", *preload], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
@@ -75,7 +76,7 @@ class _ForkServer:
                         # the ranks are made here, in the order the server speaks: a rank that ends at once is
                         # reported on the next line, which this thread may read before start() wakes up
                         self.ranks = {r: _ServerRank(pid) for r, pid in enumerate(msg["pids"])}
-                        self.replies.append(self.ranks)
+                        self.replies.append((self.ranks, msg.get("threads", [])))
                     else:
                         rank = self.ranks[msg["rank"]]
                         rank.returncode = msg["code"]
@@ -201,10 +202,15 @@ class ForkLauncher(LocalLauncher):
         for r, log in enumerate(logs):
             out.rank_logs[r] = [Path(log)]
         try:
-            ranks = server.start({"module": module, "args": args, "envs": envs, "logs": logs, "cwd": spec.command.cwd})
+            ranks, others = server.start({"module": module, "args": args, "envs": envs, "logs": logs,
+                                          "cwd": spec.command.cwd})
         except OSError:
             server.busy = False
             raise
+        if others:  # what a rank that crashes or hangs in a lock may have lost
+            out.notes.append(f"the fork server held {len(others)} other thread{'s' * (len(others) > 1)} when it "
+                             f"forked these ranks ({', '.join(others)}); a forked rank has none of them, and a lock "
+                             f"one held stays held")
 
         def release():
             server.busy = False

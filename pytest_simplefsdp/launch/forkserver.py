@@ -4,7 +4,10 @@ It imports the target's modules once (what the entry module imports at its top, 
 torchtitan, and the config module: most of a CPU cell's wall time), then for each cell forks one child
 per rank. A child starts a new session, sends its output to its rank log, takes the environment
 torchrun would give it and runs the entry module as ``__main__``; every cell gets fresh forks, so nothing a cell changes reaches the next one. The
-server itself never initialises CUDA, thread pools or process groups: importing torch does none.
+server itself never initialises CUDA, thread pools or process groups: importing torch does none. A forked child
+holds only the thread that forked it, so a lock another thread of the server held stays held in the child: the
+server keeps to one thread (pyarrow, which torchtitan's data loading imports, starts jemalloc's background thread
+when it loads, unless ``JE_ARROW_MALLOC_CONF`` says not to) and names any other thread it holds when it forks.
 
 Protocol (JSON lines): stdin takes ``{"module", "args", "envs", "logs", "cwd"}`` (one environment and one
 log per rank, made by the launcher as for its other ranks); stdout answers ``{"pids": [...]}`` and then ``{"rank": r, "code": c}`` per finished rank.
@@ -126,6 +129,23 @@ def _entry_imports(module):
     return names
 
 
+def threads():
+    """The names of this process's other OS threads (a forked child gets none of them)."""
+    try:
+        tasks = sorted(os.listdir("/proc/self/task"), key=int)
+    except OSError:
+        return []
+    names = []
+    for task in tasks:
+        if int(task) != os.getpid():
+            try:
+                with open(f"/proc/self/task/{task}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                continue
+    return names
+
+
 def main():
     entry, *preload = sys.argv[1:]
     for name in _entry_imports(entry):
@@ -139,13 +159,13 @@ def main():
     server = os.getpid()
     for line in sys.stdin:
         req = json.loads(line)
-        pids = {}
+        pids, others = {}, threads()
         for rank in range(len(req["envs"])):
             pid = os.fork()
             if pid == 0:
                 _child(req, rank, server)  # never returns
             pids[pid] = rank
-        _say({"pids": list(pids)})
+        _say({"pids": list(pids), "threads": others})
         while pids:
             pid, status = os.wait()
             if pid in pids:

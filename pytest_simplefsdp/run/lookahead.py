@@ -53,7 +53,9 @@ def summary(state, selected, progress, tr, verbose=False):
                       f"under -v):")
         _command(state, tr, run, cell)
     for run in state.runs:
-        tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a")
+        why = state.not_here.get(run.name)
+        tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a"
+                      + (f"; not on this machine: {why}" if why else ""))
     if seeds:
         tr.write_line("seed checkpoints not kept yet, and the targets' assets the commands name, are made on the "
                       "first real run (a dry run launches and writes nothing)")

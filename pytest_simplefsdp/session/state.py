@@ -59,7 +59,8 @@ class MatrixSession:
         for run in self.runs:  # a version set's cells are spelled by its own torchtitan, once its environment is built
             run.target.python_for = lambda label, run=run: self.runner.sets.python(run, label)
         self.version_lines = [] if s.dry_run else setup.check_versions(s, self.runs)  # unknown ones: a usage error
-        self.unavailable = {} if s.dry_run else setup.check_gpus(self.runs, self.runner)  # run -> why not here
+        self.not_here = setup.check_gpus(self.runs, self.runner)  # run -> why its cells cannot run on this machine
+        self.unavailable = {} if s.dry_run else self.not_here  # (a dry run still lists them, and says why)
         self.mutants = setup.chosen_mutants(s, self.runs)  # run name -> [mutants.Mutant] of --simplefsdp-mutants
         self.known = setup.load_known(config, s, self.runs, self.cache_dir)
         self.runs_dirs = [self.cache_dir / "runs", *([s.artifacts.parent] if s.artifacts else [])]

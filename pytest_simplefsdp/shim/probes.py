@@ -1,7 +1,8 @@
 """What the probe records in every titan03 rank (it changes nothing):
 
-* ``evidence``: what torchtitan really used: the job config's compile and PP settings, the trainer class, the
-  degrees and 1-D meshes of the ParallelDims it built, whether a step ran a traced graph; and which of the
+* ``evidence``: what torchtitan was asked: the job config's compile and PP settings, the trainer class, the
+  degrees and 1-D meshes of the ParallelDims it built (kept in the record beside what the run did, effects.py,
+  which the checks read; only CP's is read from the mesh), whether a step ran a traced graph; and which of the
   probe's own hooks attached (``probe.hooks``), so a probe that did not run is not read as a run that lied.
 * ``training``: per optimizer step, the exact invariants of every parameter shard on this rank (did it change,
   did it have a gradient, its learning rate, a hash of its bits, which piece of the full tensor it is, the
@@ -12,7 +13,7 @@
 The mutants (mutants.py) act at the same points: a bug inside the system under test, seen by the probe as the
 gate sees it."""
 
-from . import gradmath, record
+from . import effects, gradmath, record
 from .hooks import ATTACHED, after_import, on_attach
 from .mutants import actor
 
@@ -118,6 +119,9 @@ def training(grads: bool, invariants: bool, mutant: str | None):
                 record.append("steps", {"step": self.step, **_STATE.pop("update"), **_STATE["counts"]})
             if _STATE.get("traced"):
                 record.write("graph", {"traced": "yes"})
+            if "effects" not in _STATE:  # the parallelised model and what ran step 1
+                _STATE["effects"] = True
+                effects.at_first_step(self, named_params(self), bool(_STATE.get("traced")))
             return out
 
         module.Trainer.train_step = train_step

@@ -6,7 +6,7 @@ in every rank's log (under the fork launcher the server prints them once and eve
 
 import os
 
-from . import patches, probes
+from . import effects, patches, probes
 from .hooks import install, say
 
 
@@ -33,6 +33,7 @@ def start(env=os.environ):
     if env.get("SIMPLEFSDP_PROBE") == "titan03":
         install()
         probes.evidence()
+        effects.effects()
         mutant = env.get("SIMPLEFSDP_MUTANT") or None
         probes.training(env.get("SIMPLEFSDP_GRAD_PROBE") == "1", env.get("SIMPLEFSDP_INVARIANTS") == "1", mutant)
         if mutant:

@@ -321,7 +321,8 @@ def normal(axes: dict) -> dict:
     """Axes with every default written out, so an upstream test and a cell compare axis by axis (the
     `feature` axis is compared by the flags it sets, not by its name)."""
     out = {**DEFAULTS, **{k: v for k, v in axes.items() if k != "feature"}}
-    out.setdefault("memory_policy", "none" if out.get("compile", "eager") == "eager" else "default")
+    # torchtitan's default policy is a pass of aot_fx_trace's graph: eager and jit run none
+    out.setdefault("memory_policy", "default" if out.get("compile") == "aot_fx_trace" else "none")
     return out
 
 

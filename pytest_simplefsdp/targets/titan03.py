@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..commands import RankCommand
@@ -201,40 +202,62 @@ class Titan03(TorchtitanTarget):
         """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
         return tensorboard_losses(dump_folder)
 
-    MESH_AXES = ("dp_replicate", "cp", "tp", "pp", "ep")  # built as 1-D meshes of these names when > 1
+    SCHEDULE_CLASS = "Schedule{}"  # torch.distributed.pipelining's class of a schedule name
 
     def evidence_plan(self, cell):
-        """From the shim's probe (the job config torchtitan parsed, the ParallelDims and meshes it built):
-        every degree as asked, a mesh axis of that size for each parallelism, the compile mode, memory
-        policy, inductor strategy or backend, and the PP schedule."""
+        """What the run did, from the shim's effects probe (shim/effects.py), never what its job config says: each
+        degree from the mesh dimension the model's parameters are laid out over, PP from the distinct sets of blocks
+        the ranks hold, the compile mode from what ran step 1, the trainer from the class whose step ran and how data
+        parallelism reached the parameters, the memory policy from the traced graph's recompute tags, the inductor
+        strategy from the terminal pass that ran (jit: whether inductor compiled), the PP schedule from the schedule
+        whose step ran. CP alone is read from the mesh built (its effect is on activations, which nothing reads)."""
         a, plan = cell.axes, []
-        mesh, config, traced = ("mesh",), ("config",), ("traced", "train_step")  # the shim's hooks that record them
-        for axis in self.DEGREE_FLAGS:
-            if axis in a:
-                plan.append(Expect(f"{axis}={a[axis]}", f"degrees.{axis}", str(a[axis]), hooks=mesh))
-                if axis in self.MESH_AXES:
-                    plan.append(Expect(f"{axis}={a[axis]}", f"mesh.{axis}", str(a[axis]), default="1", hooks=mesh))
-        mode = a.get("compile", "aot_fx_trace")
-        plan.append(Expect(f"compile={mode}", "config.compile.mode", "None" if mode == "eager" else mode, hooks=config))
+        step, schedule, mesh = ("train_step",), ("schedule",), ("mesh",)
+        cp = int(a.get("cp", 1))
+        for axis in ("dp_replicate", "dp_shard", "tp", "ep"):
+            if axis in a:  # dp_shard: SimpleFSDP and FSDP2 shard over dp_shard x cp
+                value = int(a[axis]) * (cp if axis == "dp_shard" else 1)
+                plan.append(Expect(f"{axis}={a[axis]}", f"effects.{axis}", str(value), hooks=step))
+        if "pp" in a:
+            plan.append(Expect(f"pp={a['pp']}", "effects.layers", str(a["pp"]), hooks=step, across=True))
+        if "cp" in a:
+            plan.append(Expect(f"cp={cp}", "mesh.cp", str(cp), default="1", hooks=mesh))
         trainer = a.get("trainer", "simplefsdp")
-        plan.append(Expect(f"trainer={trainer}", "config.trainer", self.TRAINER_CLASS[trainer], hooks=config))
-        if mode == "aot_fx_trace":  # configured is not done: the step ran a traced forward+backward graph
-            plan.append(Expect(f"compile={mode}", "graph.traced", "yes", default="no", hooks=traced))
-        for flag in self.compile_flags(a)[1:]:  # inductor strategy or backend, memory policy
-            plan.append(Expect(flag.source.removeprefix("axis ").removeprefix("setting "), f"config.{flag.name}",
-                               str(flag.value), hooks=config))
+        mode = "eager" if trainer == "fsdp2" else a.get("compile", "aot_fx_trace")
+        plan.append(Expect(f"compile={a.get('compile', mode)}", "effects.compile", mode, hooks=step))
+        plan.append(Expect(f"trainer={trainer}", "effects.trainer", self.TRAINER_CLASS[trainer], hooks=step))
+        plan.append(Expect(f"trainer={trainer}", "effects.data_parallel", trainer, hooks=step))
+        policy = a.get("memory_policy", "none")
+        if policy != "none":  # eager and jit accept a policy and ignore it: only aot_fx_trace's passes apply one
+            plan.append(Expect(f"memory_policy={policy}", "effects.memory_policy", policy, default="none",
+                               hooks=step))
+        if mode != "eager" and trainer != "fsdp2":
+            backend = a.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
+            label = f"backend={backend}" if "backend" in a else f"compile_backend={backend}"
+            if mode == "jit":
+                plan.append(Expect(label, "effects.jit_backend", backend, hooks=step))
+            else:
+                plan.append(Expect(label, "effects.inductor_compilation",
+                                   "full" if backend == "inductor" else "regional", default="none", hooks=step))
         if a.get("pp", 1) > 1:
-            plan.append(Expect(f"pp_schedule={a['pp_schedule']}", "config.parallelism.pipeline_parallel_schedule",
-                               a["pp_schedule"], hooks=config))
+            plan.append(Expect(f"pp_schedule={a['pp_schedule']}", "effects.pp_schedule",
+                               self.SCHEDULE_CLASS.format(a["pp_schedule"]), default="none", hooks=schedule))
         return plan
 
+    COMPILE_TIME = ("effects.memory_policy", "effects.inductor_compilation")  # what the graph passes record
+
     def evidence(self, cell, log_dir: Path):
-        """The probe's evidence from every rank that ran (the trace tier runs one) and, for an inductor cell,
-        inductor's output code in the compile trace."""
-        ranks = [self.matrix.trace["rank"]] if self.matrix.tier == "trace" else range(cell.world)
-        found = check(self.evidence_plan(cell), log_dir, ranks)
+        """The probe's evidence from every rank that ran (the trace tier runs one: what needs every rank, PP's stages,
+        is left out there) and, for an inductor cell, inductor's output code in the compile trace. A precompiled cell's
+        graph passes ran in its precompile step: what they did is read there."""
+        trace = self.matrix.tier == "trace"
+        ranks = [self.matrix.trace["rank"]] if trace else range(cell.world)
+        plan = [e for e in self.evidence_plan(cell) if not (trace and e.across)]
+        at_step = [e for e in plan if e.key in self.COMPILE_TIME] if "precompile" in self.before_steps(cell) else []
+        found = check([e for e in plan if e not in at_step], log_dir, ranks)
+        found += check([replace(e, hooks=()) for e in at_step], Path(log_dir) / "precompile", [0]) if at_step else []
         a = cell.axes
-        if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and self.matrix.tier == "real":
+        if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and not trace:
             found.append(inductor_codegen(Path(log_dir) / "torch_trace"))
         return found
 
