@@ -150,16 +150,16 @@ def test_a_server_whose_imports_block_fails_the_cell_at_its_timeout(run_matrix, 
     assert not marked("forkserver:")
 
 
-@pytest.mark.parametrize("conf", ["default", ""])
+@pytest.mark.parametrize("conf", ["ours", "jemalloc_default"])
 def test_the_fork_server_forks_from_one_thread_with_pyarrow_loaded(tmp_path, conf):
     """pyarrow (torchtitan's data loading imports it) starts jemalloc's background thread when it loads; a child
-    forked beside it has none, and a lock it held stays held. The server keeps to one thread; with jemalloc's
-    configuration set otherwise (here: empty, its default) the thread is there, and the server names it."""
+    forked beside it has none, and a lock it held stays held. The server keeps to one thread; with jemalloc's own
+    configuration (JE_ARROW_MALLOC_CONF set, empty) the thread is there, and the server names it."""
     pytest.importorskip("pyarrow")
     (tmp_path / "arrow_rank.py").write_text("import sys\nimport pyarrow\nsys.exit(0)\n")
     env = {"PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}  # as a CPU cell's (numpy's OpenBLAS: one thread)
-    if conf != "default":
-        env["JE_ARROW_MALLOC_CONF"] = conf
+    if conf == "jemalloc_default":
+        env["JE_ARROW_MALLOC_CONF"] = ""
     server = _ForkServer(RankCommand([sys.executable, "-m", "arrow_rank"], env, str(tmp_path)), ["arrow_rank"], conf)
     try:
         ranks, others = server.start({"module": "arrow_rank", "args": [], "envs": [{"RANK": "0"}],
@@ -167,10 +167,11 @@ def test_the_fork_server_forks_from_one_thread_with_pyarrow_loaded(tmp_path, con
         assert ranks[0].wait(timeout=60) == 0
     finally:
         server.close()
-    assert others == ([] if conf == "default" else ["jemalloc_bg_thd"])
+    assert others == ([] if conf == "ours" else ["jemalloc_bg_thd"])
 
 
 def test_a_cell_forked_beside_another_thread_of_the_server_says_so(run_matrix, pytester):
+    """A thread the entry module's imports start lives in the server; the cell's record names it."""
     (pytester.path / "starts_a_thread.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
     (pytester.path / "threaded_rank.py").write_text("import starts_a_thread\nimport fake_rank\n"

@@ -2,9 +2,9 @@
 of the rank's probe record. The job config says what was asked; these say what happened, so an option torchtitan
 accepted and then ignored no longer passes as its label (judge.evidence compares them with the cell's axes):
 
-* ``<dp_shard|dp_replicate|tp|ep|cp>``: the size of the mesh dimension of that name the model's parameters are laid
-  out over once parallelised (dp_shard: sharded over ``fsdp``, dp_replicate: replicated over ``dp_replicate``,
-  tp, ep: sharded over ``tp``, ``ep``); 1 where no parameter is;
+* ``<dp_shard|dp_replicate|tp|ep>``: the size of the mesh dimension the model's parameters are laid out over once
+  parallelised (dp_shard: sharded over ``fsdp``, dp_replicate: replicated over ``dp_replicate``, tp, ep: sharded
+  over ``tp``, ``ep``); 1 where no parameter is (``dims``: every dimension and placement seen);
 * ``layers``: the transformer blocks this rank holds (pipeline stages: ranks of different stages hold different
   ones; judge.evidence counts the distinct sets);
 * ``data_parallel``: how data parallelism reached the parameters: SimpleFSDP's parametrization, FSDP2's

@@ -213,6 +213,7 @@ class Titan03(TorchtitanTarget):
         whose step ran. CP alone is read from the mesh built (its effect is on activations, which nothing reads)."""
         a, plan = cell.axes, []
         step, schedule, mesh = ("train_step",), ("schedule",), ("mesh",)
+        passes = ("train_step", "passes")  # what graph_trainer's passes recorded (imported with its trainer)
         cp = int(a.get("cp", 1))
         for axis in ("dp_replicate", "dp_shard", "tp", "ep"):
             if axis in a:  # dp_shard: SimpleFSDP and FSDP2 shard over dp_shard x cp
@@ -230,7 +231,7 @@ class Titan03(TorchtitanTarget):
         policy = a.get("memory_policy", "none")
         if policy != "none":  # eager and jit accept a policy and ignore it: only aot_fx_trace's passes apply one
             plan.append(Expect(f"memory_policy={policy}", "effects.memory_policy", policy, default="none",
-                               hooks=step))
+                               hooks=passes))
         if mode != "eager" and trainer != "fsdp2":
             backend = a.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
             label = f"backend={backend}" if "backend" in a else f"compile_backend={backend}"
@@ -238,7 +239,7 @@ class Titan03(TorchtitanTarget):
                 plan.append(Expect(label, "effects.jit_backend", backend, hooks=step))
             else:
                 plan.append(Expect(label, "effects.inductor_compilation",
-                                   "full" if backend == "inductor" else "regional", default="none", hooks=step))
+                                   "full" if backend == "inductor" else "regional", default="none", hooks=passes))
         if a.get("pp", 1) > 1:
             plan.append(Expect(f"pp_schedule={a['pp_schedule']}", "effects.pp_schedule",
                                self.SCHEDULE_CLASS.format(a["pp_schedule"]), default="none", hooks=schedule))
