@@ -2,8 +2,8 @@
 
 * ``evidence``: what torchtitan was asked: the job config's compile and PP settings, the trainer class, the
   degrees and 1-D meshes of the ParallelDims it built (kept in the record beside what the run did, effects.py,
-  which the checks read; only CP's is read from the mesh), whether a step ran a traced graph; and which of the
-  probe's own hooks attached (``probe.hooks``), so a probe that did not run is not read as a run that lied.
+  which the checks read; only CP's is read from the mesh), and which of the probe's own hooks attached
+  (``probe.hooks``), so a probe that did not run is not read as a run that lied.
 * ``training``: per optimizer step, the exact invariants of every parameter shard on this rank (did it change,
   did it have a gradient, its learning rate, a hash of its bits, which piece of the full tensor it is, the
   squared norm of its update) and how many optimizer and scheduler steps ran (``steps.rank<R>.jsonl``); with
@@ -18,7 +18,7 @@ from .hooks import ATTACHED, after_import, on_attach
 from .mutants import actor
 
 _WRAPPERS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
-_STATE = {}  # "trainer": this rank's Trainer once training started; "traced": a traced graph was made
+_STATE = {}  # "trainer": this rank's Trainer once training started; "traced": a traced graph was made (effects)
 
 
 def named_params(trainer):
@@ -117,8 +117,6 @@ def training(grads: bool, invariants: bool, mutant: str | None):
                                         "values": gradmath.norms(named_params(self))})
             if invariants and "update" in _STATE:
                 record.append("steps", {"step": self.step, **_STATE.pop("update"), **_STATE["counts"]})
-            if _STATE.get("traced"):
-                record.write("graph", {"traced": "yes"})
             if "effects" not in _STATE:  # the parallelised model and what ran step 1
                 _STATE["effects"] = True
                 effects.at_first_step(self, named_params(self), bool(_STATE.get("traced")))

@@ -1,6 +1,6 @@
 """A rank's probe records, under $SIMPLEFSDP_EVIDENCE_DIR (read per call: a fork server's ranks get theirs after
-the fork): ``rank<R>.json`` (what ran: config, degrees, meshes, the traced graph, the probe itself, a mutant's
-count) and JSON lines per kind (``grads.rank<R>.jsonl``: per-parameter norms; ``steps.rank<R>.jsonl``: each
+the fork): ``rank<R>.json`` (what was asked: config, degrees, meshes; what the run did: effects; the probe itself,
+a mutant's count) and JSON lines per kind (``grads.rank<R>.jsonl``: per-parameter norms; ``steps.rank<R>.jsonl``: each
 optimizer step's invariants). pytest_simplefsdp.judge reads them."""
 
 import json
