@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from ..commands import RankCommand
+from ..words import plural
 from .local import LocalLauncher
 from .procs import (MARKER, SESSION, cell_processes, die_with_parent, interpreter, kill_procs, python_module,
                     python_path, rank_env, spawn, token_of, worker_vars)
@@ -208,9 +209,8 @@ class ForkLauncher(LocalLauncher):
             server.busy = False
             raise
         if others:  # what a rank that crashes or hangs in a lock may have lost
-            out.notes.append(f"the fork server held {len(others)} other thread{'s' * (len(others) > 1)} when it "
-                             f"forked these ranks ({', '.join(others)}); a forked rank has none of them, and a lock "
-                             f"one held stays held")
+            out.notes.append(f"the fork server held {plural(len(others), 'other thread')} when it forked these ranks "
+                             f"({', '.join(others)}); a forked rank has none of them, and a lock one held stays held")
 
         def release():
             server.busy = False
