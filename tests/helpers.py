@@ -15,6 +15,7 @@ import psutil
 from pytest_simplefsdp.launch.procs import MARKER
 
 FAKE_RANK = Path(__file__).parent / "fakes" / "fake_rank.py"
+DATA = Path(__file__).parent / "data"  # real logs and files the tests read
 
 
 def fake_matrix(modes=("pass",), ranks=(2,), extra="", args="", steps=3, timeout=30):

@@ -28,8 +28,9 @@ def main(folder):
         return 0
     shutil.rmtree(folder, ignore_errors=True)
     subprocess.run(["git", "clone", "-q", str(found), str(folder)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", str(folder)],
-                   check=True)
+    # uv (in the tier's deps), as tox-uv made the env: no pip there, and its files hard links into uv's cache
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", sys.executable, "-e", str(folder)], check=True)
     head = subprocess.run(["git", "-C", str(folder), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
     print(f"main_checkout: torchtitan main at {head.stdout.strip()} installed editable from {folder}")
     return 0

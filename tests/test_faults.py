@@ -11,11 +11,11 @@ import time
 import psutil
 import pytest
 
-from helpers import FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours, run_doc
+from helpers import DATA, FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours, run_doc
 from pytest_simplefsdp.launch import procs as launch
 from pytest_simplefsdp.launch.procs import MARKER, kill_procs, session_leftovers
-from pytest_simplefsdp.launch.spec import LaunchSpec
-from pytest_simplefsdp.launch.torchrun import TorchrunLauncher
+from pytest_simplefsdp.launch.spec import LaunchOutcome, LaunchSpec
+from pytest_simplefsdp.launch.torchrun import TorchrunLauncher, read_root_cause
 from pytest_simplefsdp.judge.results import build_result
 from pytest_simplefsdp.spec.cells import Cell
 from pytest_simplefsdp.targets import RankCommand
@@ -205,6 +205,21 @@ def _zombie(proc):
     while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("left, first", [({1: (10.0, None), 0: (11.2, None)}, 1),  # seen: rank 1 left first
+                                         ({}, 0),  # not seen (torchrun ended first): torchrun's word
+                                         ({1: (10.0, None), 0: (10.0, None)}, 0)],  # one poll: torchrun's word
+                         ids=["rank-1-seen-first", "unseen", "same-poll"])
+def test_torchrun_naming_a_peer_first_yields_to_the_rank_seen_leaving_first(tmp_path, left, first):
+    """A real torchrun summary (tests/data): rank 1 killed, rank 0's 'connection closed' error file stamped before
+    torchrun saw rank 1 gone, so torchrun named rank 0. Every failed rank keeps its code; the first failure is the
+    rank the supervisor saw end first, as under the other launchers (CI once reported rank 0's SIGTERM)."""
+    out = LaunchOutcome(launcher_log=tmp_path / "torchrun.log", left=dict(left))
+    out.launcher_log.write_text((DATA / "titan03_torchrun_peer_named_first.log").read_text())
+    read_root_cause(out, 1)
+    assert out.exit_codes == {1: -9, 0: -15} and out.first_failed_rank == first and out.launcher_exit is None
+    assert out.notes == (["torchrun named rank 0 as the first failure; rank 1 left 1.2 s before it"] if first else [])
 
 
 def test_a_sweep_never_takes_the_exit_code_of_another_cells_rank():

@@ -1,14 +1,11 @@
 """Log parsing on real rank logs (tests/data: stderr of real CPU cells, cut to the last traceback)."""
 
-from pathlib import Path
-
 import pytest
 
+from helpers import DATA
 from pytest_simplefsdp.judge.results import (CRASH_HINT, cell_losses, classify, fallback_error, last_exception,
                                              parse_losses, read_text)
 from pytest_simplefsdp.judge.known import signature
-
-DATA = Path(__file__).parent / "data"
 
 
 @pytest.mark.parametrize("log, line, cls", [

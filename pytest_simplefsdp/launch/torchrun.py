@@ -3,6 +3,7 @@ as a user would type it; torchrun writes one log per rank and names the first fa
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import subprocess
@@ -78,21 +79,32 @@ class TorchrunLauncher:
 
 
 def read_root_cause(out: LaunchOutcome, code):
-    """torchrun's summary names the first failed rank and its exit code or signal."""
+    """torchrun's summary: every failed rank's exit code or signal, and the rank it names as the first failure.
+    torchrun orders failures by time stamps of two kinds (a rank's error file when it wrote one, else when torchrun
+    saw it gone), so a peer that raised "connection closed" at a killed rank's hang-up can be named before the rank
+    killed: when the supervisor saw another failed rank leave strictly earlier, that rank is the first failure."""
     text = out.launcher_log.read_text(errors="replace") if out.launcher_log else ""
-    if "Root Cause (first observed failure)" in text:
-        block = text.split("Root Cause (first observed failure)", 1)[1]
-        rank = exitcode = None
-        for line in block.splitlines()[:12]:
-            key, _, value = line.strip().partition(":")
-            if key.strip() == "rank" and rank is None:
-                rank = int(value.split()[0])
-            elif key.strip() == "exitcode" and exitcode is None:
-                exitcode = int(value.split()[0])
-        if rank is not None:
-            out.first_failed_rank = rank
-            out.exit_codes[rank] = exitcode
+    head = "Root Cause (first observed failure)"
+    if head in text:
+        end = text.rfind(head)
+        start = text.rfind("Failures:", 0, end)  # (the last summary, with the other failures it lists)
+        summary = text[start if start >= 0 else end:]
+        codes = {}
+        for block in re.split(r"(?m)^\s*\[\d+\]:\s*$", summary)[1:]:
+            rank = re.search(r"(?m)^\s*rank\s*:\s*(\d+)", block)
+            exitcode = re.search(r"(?m)^\s*exitcode\s*:\s*(-?\d+)", block)
+            if rank and exitcode:
+                codes.setdefault(int(rank.group(1)), int(exitcode.group(1)))
+        named = re.search(r"(?m)^\s*rank\s*:\s*(\d+)", summary[summary.find(head):])
+        if named is not None:
+            first = int(named.group(1))
+            left = {r: out.left[r][0] for r, c in codes.items() if c != 0 and r in out.left}
+            earliest = min(left, key=left.get, default=first)
+            if first in left and left[earliest] < left[first]:
+                out.notes.append(f"torchrun named rank {first} as the first failure; rank {earliest} left "
+                                 f"{left[first] - left[earliest]:.1f} s before it")
+                first = earliest
+            out.first_failed_rank = first
+            out.exit_codes.update(codes)
     if code not in (0, None) and out.first_failed_rank is None and not out.timed_out:
         out.launcher_exit = code
-
-
