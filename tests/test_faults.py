@@ -214,7 +214,7 @@ def _zombie(proc):
 def test_torchrun_naming_a_peer_first_yields_to_the_rank_seen_leaving_first(tmp_path, left, first):
     """A real torchrun summary (tests/data): rank 1 killed, rank 0's 'connection closed' error file stamped before
     torchrun saw rank 1 gone, so torchrun named rank 0. Every failed rank keeps its code; the first failure is the
-    rank the supervisor saw end first, as under the other launchers (CI once reported rank 0's SIGTERM)."""
+    rank the supervisor saw end first, as under the other launchers (a .ci/run here reported rank 0's SIGTERM)."""
     out = LaunchOutcome(launcher_log=tmp_path / "torchrun.log", left=dict(left))
     out.launcher_log.write_text((DATA / "titan03_torchrun_peer_named_first.log").read_text())
     read_root_cause(out, 1)
