@@ -95,7 +95,7 @@ def read_root_cause(out: LaunchOutcome, code):
             exitcode = re.search(r"(?m)^\s*exitcode\s*:\s*(-?\d+)", block)
             if rank and exitcode:
                 codes.setdefault(int(rank.group(1)), int(exitcode.group(1)))
-        named = re.search(r"(?m)^\s*rank\s*:\s*(\d+)", summary[summary.find(head):])
+        named = re.search(r"(?m)^\s*rank\s*:\s*(\d+)", text[end:])  # the root cause's block
         if named is not None:
             first = int(named.group(1))
             left = {r: out.left[r][0] for r, c in codes.items() if c != 0 and r in out.left}
