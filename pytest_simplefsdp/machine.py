@@ -14,6 +14,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from .shim.provenance import tree_hash
+
 
 def installed(package) -> str:
     """The installed version of a distribution, or "" where it is not installed."""
@@ -101,6 +103,26 @@ def source_checkout(package) -> Path | None:
     if (info.get("dir_info") or {}).get("editable") and url.startswith("file://"):
         return Path(url[len("file://"):])
     return None
+
+
+def installed_folder(package) -> str | None:
+    """Where the installed distribution of ``package`` keeps the package (an editable install: its checkout's),
+    read from its metadata: what the environment installed, whatever else is first on a path."""
+    checkout = source_checkout(package)
+    if checkout is not None:
+        return str(checkout / package)
+    try:
+        return str(metadata.distribution(package).locate_file(package))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def code_identity(package="torchtitan") -> str | None:
+    """A content hash of the installed ``package``'s code (its ``.py`` files, as a rank proves what it imported):
+    an editable checkout's edits change it, though its version and install commit stay."""
+    folder = installed_folder(package)
+    return tree_hash(folder) if folder and os.path.isdir(folder) else None
 
 
 def cuda_device_ids():

@@ -322,7 +322,9 @@ OPTIONS = [
                                    "(runs disagree) or known (an entry); only new failures fail the run. Passing "
                                    "cells are not run again", const=MERGE_BASE, metavar="REF"),
     Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets, "
-                                              "--simplefsdp-bisect=torchtitan and --simplefsdp-base name",
+                                              "--simplefsdp-bisect=torchtitan and --simplefsdp-base name (default: "
+                                              "the checkout torchtitan is installed editable from, else the rootdir "
+                                              "where it is one)",
            existing_dir, metavar="PATH"),
     Option("update-known-failures", "bool", False, "after the run, rewrite the known-failures file: add entries "
                                                    "for new failures (with a placeholder link to fill in), remove "

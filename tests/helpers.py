@@ -184,16 +184,21 @@ PLANT_TRACE = ("torchtitan/experiments/graph_trainer/llama3/parallelize.py", "  
                "planted: graph_trainer llama3 refuses aot_fx_trace")
 
 
-def plant(repo, bug, branch=None) -> str:
-    """Commit ``bug`` (a PLANT_* tuple) into a torchtitan checkout (on a new ``branch`` from HEAD, where given);
-    returns the new commit (12 hex digits)."""
+# the PR of issue 45 on top of PLANT_EP's base: the same refusal, raised another way (a new failure, not broken trunk)
+PLANT_EP_OTHER = (PLANT_EP[0], PLANT_EP[2], "    if parallel_dims.ep > 1:\n        raise ValueError('expert parallel "
+                  "all-to-all: split sizes disagree across ranks')\n", "planted: EP refused with another error")
+
+
+def plant(repo, bug, branch=None, replace=False) -> str:
+    """Commit ``bug`` (a PLANT_* tuple) into a torchtitan checkout (on a new ``branch`` from HEAD, where given): its
+    lines after the anchor line, or (``replace``) in its place; returns the new commit (12 hex digits)."""
     path, anchor, code, message = bug
     if branch:
         subprocess.run([*GIT, "-C", str(repo), "checkout", "-qb", branch], check=True)
     file = Path(repo) / path
     text = file.read_text()
     assert anchor in text, f"{path}: the line to plant after is gone: {anchor!r}"
-    file.write_text(text.replace(anchor, anchor + code, 1))
+    file.write_text(text.replace(anchor, code if replace else anchor + code, 1))
     return commit_all(repo, message, new_files=False)  # (an editable install's build files stay out)
 
 

@@ -5,11 +5,13 @@ dataset set through the config module), and a pull request on top of it is gated
 import json
 import os
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import GIT, PLANT_EP, PLANT_TRACE, cells_of, plant
+from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_TRACE, cells_of, plant
 from pytest_simplefsdp.machine import source_checkout
 
 CHECKOUT = Path(os.environ.get("SIMPLEFSDP_MAIN_CHECKOUT", "/nonexistent"))
@@ -74,3 +76,93 @@ def test_a_pr_on_main_is_gated_against_its_base(pytester, pr_branch):
     doc = json.loads(out.read_text())
     assert doc["gate"]["counts"] == {"new": 1, "broken trunk": 1, "flaky": 0, "known": 0}
     result.stdout.fnmatch_lines([f"*simplefsdp PR gate against base gate-demo-base ({base}): 1 new, 1 broken trunk*"])
+
+
+# --- from inside the checkout, as the README's gate runs (issue 45): the base, a twin's other side and each bisection
+# probe must run their own commit's torchtitan, not the checkout the run starts in
+
+PYTEST = Path(sys.executable).parent / "pytest"  # the console script, as the README's commands run it
+
+EP_ONLY = textwrap.dedent("""\
+    profile: ep-only
+    description: the EP cell of the CPU profile, without numerics (a twin's and a bisection's probes in minutes)
+    target: titan03
+    device: cpu
+    world_sizes: [2]
+    degrees: [dp_shard]
+    timeout: 600
+    settings: {steps: 3, seq_len: 256, local_batch_size: 2, seed: 42}
+    models:
+      deepseek_v3: {moe: true, module: titan03_configs, config: deepseek_v3_debugmodel_cpu}
+    axes: {model: [deepseek_v3], dp_shard: [2], ep: [2], compile: [eager]}
+    ids: {dp_shard: {prefix: dp}, ep: {prefix: ep}}
+    """)
+
+
+@pytest.fixture
+def ep_pr():
+    """Issue 45's planted PR: a base one commit past main's head that refuses EP (RuntimeError), and a PR on it that
+    refuses it with another error (ValueError), checked out in the editable clone; HEAD restored after."""
+    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    start = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    try:
+        base = plant(CHECKOUT, PLANT_EP, branch="ep-demo-base")
+        pr = plant(CHECKOUT, PLANT_EP_OTHER, branch="ep-demo-pr", replace=True)
+        yield start, base, pr
+    finally:
+        subprocess.run([*GIT, "-C", str(CHECKOUT), "checkout", "-qf", head], check=True)
+        subprocess.run([*GIT, "-C", str(CHECKOUT), "branch", "-qD", "ep-demo-base", "ep-demo-pr"], check=False)
+
+
+def in_checkout(tmp_path, *args, timeout=2400):
+    """pytest as a user runs it in their torchtitan checkout: its root the working folder (and the rootdir)."""
+    out = tmp_path / "run.json"
+    proc = subprocess.run([str(PYTEST), "--simplefsdp-matrix", f"--simplefsdp-json={out}", "-rA",
+                           f"--simplefsdp-artifacts={tmp_path / 'runs'}", "--simplefsdp-confirm=1", *map(str, args)],
+                          cwd=CHECKOUT, capture_output=True, text=True, timeout=timeout)
+    return proc, out
+
+
+REFUSED, OTHER = "RuntimeError: planted: expert parallelism refused", "ValueError: expert parallel all-to-all"
+
+
+def test_the_readme_gate_run_in_the_checkout_calls_a_pr_that_breaks_a_cell_new(tmp_path, ep_pr):
+    """The README's gate, word for word from the checkout's root: the base's ranks once imported the PR's working
+    tree, failed with the PR's error, and the new failure passed as broken trunk (exit 0)."""
+    _, base, _ = ep_pr
+    proc, out = in_checkout(tmp_path, "--simplefsdp-profile=cpu", "-m", "smoke", "--simplefsdp-base=ep-demo-base")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    cell = cells_of(out)["deepseek_v3-dp2-ep2-eager"]
+    assert cell["gate"] == "new" and cell["error_line"].startswith(OTHER), cell
+    assert cell["base"]["signatures"] == [REFUSED], cell["base"]
+    proof = json.loads((Path(cell["base"]["folders"][0]) / "evidence" / "rank0.json").read_text())["imported"]
+    assert proof["torchtitan"]["commit"].startswith(base) and "/.simplefsdp/envs/" in proof["torchtitan"]["file"]
+    assert "1 new, 0 broken trunk, 0 flaky, 0 known" in proc.stdout
+
+
+def test_a_twin_run_in_the_checkout_runs_its_other_side_on_that_commit(tmp_path, ep_pr):
+    _, base, _ = ep_pr
+    matrix = tmp_path / "ep.yaml"
+    matrix.write_text(EP_ONLY)
+    proc, out = in_checkout(tmp_path, f"--simplefsdp-matrix-file={matrix}", f"--simplefsdp-twin=torchtitan@{base}")
+    cells = cells_of(out)
+    assert cells["deepseek_v3-dp2-ep2-eager"]["error_line"].startswith(OTHER), proc.stdout[-3000:]
+    twin = cells[f"deepseek_v3-dp2-ep2-eager-torchtitan-{base}"]
+    assert twin["error_line"] == REFUSED and twin["imported"]["torchtitan"]["commit"].startswith(base), twin
+
+
+def test_a_bisection_in_the_checkout_probes_each_commit(tmp_path, ep_pr):
+    """main's head passes, the base refuses EP, the PR refuses it another way: the PR's error came with the PR.
+    The checkout holds the base: every probe that imported it would fail with the base's error."""
+    start, base, pr = ep_pr
+    subprocess.run([*GIT, "-C", str(CHECKOUT), "checkout", "-q", "ep-demo-base"], check=True)
+    matrix = tmp_path / "ep.yaml"
+    matrix.write_text(EP_ONLY)
+    proc, out = in_checkout(tmp_path, f"--simplefsdp-matrix-file={matrix}", f"--simplefsdp-versions=torchtitan@{pr}",
+                            "--simplefsdp-bisect=torchtitan", f"--simplefsdp-bisect-versions={start}..{pr}")
+    (found,) = json.loads(out.read_text())["bisections"]
+    outcomes = {p["version"]: p["outcome"] for p in found["probes"]}
+    assert found["window"] == [f"@{start}", f"@{pr}"], found  # (the base fails otherwise: skipped, as git bisect skip)
+    assert outcomes == {f"@{start}": "passes", f"@{base}": "other", f"@{pr}": "fails"}, outcomes

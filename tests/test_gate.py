@@ -8,10 +8,11 @@ import os
 import shutil
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from helpers import GIT, cells_of, commit_all, fake_matrix, report_tool
+from helpers import GIT, cells_of, commit_all, fake_matrix, module_matrix, report_tool
 
 pytestmark = pytest.mark.fake
 
@@ -95,6 +96,16 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     stored = report_tool(str(out), "--format", "md", cwd=pytester.path)  # judged again: each class stands
     assert stored.returncode == 0, stored.stderr
     assert f"### PR gate against base {ref}: 2 new, 1 broken trunk, 1 flaky, 1 known" in stored.stdout
+    # the report tool's document of the stored run is the live run's: every cell's decision and the gate's block
+    tool = json.loads(report_tool(str(out), "--format", "json", cwd=pytester.path).stdout)
+    keys = ("status", "verdict", "flaky", "gate", "known_failure", "signature")
+    assert [{k: c.get(k) for k in keys} for c in tool["runs"][0]["cells"]] == \
+           [{k: c.get(k) for k in keys} for c in doc["runs"][0]["cells"]]
+    assert tool["gate"] == doc["gate"]
+    kf_now = pytester.path / "kf-now.yaml"  # judged against a file that knows `fail` too: its block says so
+    kf_now.write_text(KNOWN + KNOWN.replace("known-one", "known-two").replace("{mode: known}", "{mode: fail}"))
+    now = json.loads(report_tool(str(out), "--format", "json", "--known-failures", kf_now, cwd=pytester.path).stdout)
+    assert now["gate"]["counts"] == {"new": 1, "broken trunk": 1, "flaky": 1, "known": 2}, now["gate"]["counts"]
     envs = list((pytester.path / ".simplefsdp" / "envs").glob(f"torchtitan-{base}-*"))
     assert len(envs) == 1  # one environment for the base, kept by its content key
     again = run_matrix(pr_matrix(says, ["trunk", "known"]), f"--simplefsdp-base={base}",
@@ -177,3 +188,117 @@ def test_a_torchtitan_commit_bisection_finds_the_commit_on_a_fake_checkout(run_m
     assert found["found"] == f"regressed in @{planted} (last good @{harmless}): {link}"
     result.stdout.fnmatch_lines([f"*simplefsdp bisect torchtitan: *: regressed in @{planted} (last good @{harmless})*"])
     assert {p["version"]: p["outcome"] for p in found["probes"]}[f"@{base}"] == "passes"
+
+
+# --- run from inside the checkout, as the README's gate runs: the base, a twin's side and a bisection's probes must
+# run their own commit's code, never the checkout the working folder holds (its torchtitan first on a `python -m`
+# rank's path)
+
+
+def fake_checkout(repo):
+    """``repo`` made a fake torchtitan checkout, its stand-in package built by uv's own backend (offline)."""
+    (repo / "torchtitan").mkdir(parents=True, exist_ok=True)
+    (repo / "torchtitan" / "__init__.py").write_text("")
+    (repo / "pyproject.toml").write_text(textwrap.dedent("""\
+        [project]
+        name = "torchtitan"
+        version = "0.2.2"
+        [build-system]
+        requires = ["uv_build>=0.8,<1"]
+        build-backend = "uv_build"
+        [tool.uv.build-backend]
+        module-root = ""
+        """))
+    (repo / ".gitignore").write_text("*.yaml\n*.json\nruns/\n")
+    subprocess.run([*GIT, "init", "-q", "-b", "main", str(repo)], check=True)
+
+
+@pytest.fixture
+def checkout_here(pytester, monkeypatch):
+    """The folder pytest runs in is a fake torchtitan checkout: `main` at the base, where mode `ep` fails with
+    another error than on the PR; branch `pr` one commit on, checked out (its working tree: the PR's code)."""
+    if shutil.which("uv") is None and not os.path.exists(os.path.join(os.path.dirname(os.sys.executable), "uv")):
+        pytest.skip("uv is not installed (pip install uv; tox installs it)")
+    fake_checkout(pytester.path)
+    base = commit(pytester.path, "ep other\n", "the base: EP refused")
+    subprocess.run([*GIT, "-C", str(pytester.path), "checkout", "-qb", "pr"], check=True)
+    commit(pytester.path, "ep\n", "the pull request: EP refused another way")
+    monkeypatch.setenv("UV_NO_INDEX", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", str(pytester.path.parent / "uv-cache"))
+    return base
+
+
+def here_matrix(modes):
+    """The fake rank as `python -m fake_rank`: started in the checkout, the checkout's torchtitan is first on its
+    path unless the launch keeps the working folder off it (the PR's side: the checkout is the code under test)."""
+    return module_matrix(modes, args=', "--torchtitan-says"')
+
+
+def imported_commit(folder):
+    return json.loads((Path(folder) / "evidence" / "rank0.json").read_text())["imported"]["torchtitan"]
+
+
+def test_a_pr_gated_from_inside_its_checkout_runs_the_base_on_the_bases_code(run_matrix, pytester, checkout_here):
+    """The planted PR of issue 45: the base refuses EP (ValueError here), the PR refuses it another way. Gated from
+    the checkout's root, the base's ranks ran the PR's working tree and the failure passed as broken trunk; now the
+    base runs its own commit, proved by what its ranks imported, and the failure is new."""
+    base = checkout_here
+    out = pytester.path / "run.json"
+    result = run_matrix(here_matrix(["pass", "ep"]), "--simplefsdp-base", f"--simplefsdp-json={out}", "-rA")
+    result.assert_outcomes(passed=1, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    cell = cells_of(out)["ep-r2"]
+    assert cell["gate"] == "new" and cell["error_line"] == "RuntimeError: fake failure on purpose", cell
+    assert cell["base"]["signatures"] == ["ValueError: another fake error on the base"], cell["base"]
+    proof = imported_commit(cell["base"]["folders"][0])
+    assert proof["commit"].startswith(base) and "/.simplefsdp/envs/" in proof["file"], proof
+    result.stdout.fnmatch_lines(["*simplefsdp PR gate against base *: 1 new, 0 broken trunk*"])
+
+
+def test_a_twin_run_from_inside_the_checkout_runs_the_other_side_on_its_commit(run_matrix, pytester, checkout_here):
+    base = checkout_here
+    out = pytester.path / "run.json"
+    run_matrix(here_matrix(["ep"]), f"--simplefsdp-twin=torchtitan@{base}", f"--simplefsdp-json={out}",
+               f"--simplefsdp-torchtitan-repo={pytester.path}")  # (the bisection's test takes the default: the rootdir)
+    cells = cells_of(out)
+    assert cells["ep-r2"]["error_line"] == "RuntimeError: fake failure on purpose"  # the checkout: the PR
+    twin = cells[f"ep-r2-torchtitan-{base}"]
+    assert twin["error_line"] == "ValueError: another fake error on the base", twin
+    assert twin["imported"]["torchtitan"]["commit"].startswith(base), twin["imported"]
+
+
+def test_a_bisection_from_inside_the_checkout_probes_each_commit(run_matrix, pytester, checkout_here):
+    """main: nothing broken, harmless, the regression (EP refused: ValueError), after it; the checkout holds the PR
+    (EP refused another way). Every probe that imported the checkout would fail with the PR's error: no window."""
+    repo = pytester.path
+    subprocess.run([*GIT, "-C", str(repo), "checkout", "-q", "-b", "history", checkout_here + "~0"], check=True)
+    start = commit(repo, "", "nothing broken")
+    commit(repo, "", "harmless")
+    planted = commit(repo, "ep other\n", "the regression")
+    head = commit(repo, "ep other\n", "after it")
+    subprocess.run([*GIT, "-C", str(repo), "checkout", "-q", "pr"], check=True)
+    out = repo / "run.json"
+    result = run_matrix(here_matrix(["ep"]), f"--simplefsdp-versions=torchtitan@{head}", "--simplefsdp-bisect=torchtitan",
+                        f"--simplefsdp-bisect-versions={start}..{head}", f"--simplefsdp-json={out}")
+    result.assert_outcomes(failed=1)
+    (found,) = json.loads(out.read_text())["bisections"]
+    assert found["window"][1] == f"@{planted}", found
+
+
+def test_a_version_set_whose_ranks_imported_other_code_is_infra_naming_both(run_matrix, pytester, checkout_here):
+    """The proof, shown catching what the safe path prevents: the target's own PYTHONPATH puts the checkout ahead of
+    the base's environment. The base's runs ran the PR's code (which fails there with the PR's signature, so the
+    failure would pass as broken trunk): each is infra naming what it imported and what it should have, the base
+    could not run, and nothing clears the failure."""
+    base = checkout_here
+    text = here_matrix(["ep"]).replace('PYTHONPATH: "', f'PYTHONPATH: "{pytester.path}:')
+    out = pytester.path / "run.json"
+    result = run_matrix(text, "--simplefsdp-base", f"--simplefsdp-json={out}")
+    result.assert_outcomes(failed=1)
+    cell = cells_of(out)["ep-r2"]
+    assert cell["gate"] == "new" and cell["base"]["runs"] == 0, cell["base"]
+    (why,) = cell["base"]["not_run"]
+    pr = subprocess.run(["git", "-C", str(pytester.path), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                        text=True).stdout.strip()
+    assert why.startswith(f"the ranks did not run version set torchtitan@{base}: rank 0 imported torchtitan (no "
+                          f"version) @{pr} from {pytester.path}/torchtitan, not its environment "), why

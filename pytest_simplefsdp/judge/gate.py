@@ -27,29 +27,39 @@ class Base:
             else f"{self.ref} ({self.commit})"
 
 
+def base_record(results: list, base: Base) -> dict:
+    """The cell's runs on a PR's base (none: not run there), as its record keeps them."""
+    ran = [r for r in results if not r.not_run]
+    failed = [r for r in ran if r.status != Status.PASSED]
+    return {**base.about(), "runs": len(ran), "passed": len(ran) - len(failed),
+            "signatures": list(dict.fromkeys(signature(r.error_text or r.error_line) for r in failed)),
+            "lines": list(dict.fromkeys(r.error_line or "" for r in failed)),
+            "folders": [r.log_dir for r in results], "not_run": [r.error_line for r in results if r.not_run]}
+
+
+def gate_class(mine: str, flaky: bool, verdict: str, record: dict) -> tuple[GateClass, str]:
+    """(class, verdict) of a PR's new failure with signature ``mine`` (``flaky``: its own runs disagreed, as its
+    ``verdict`` says), given the base's record (base_record: its runs there, or none)."""
+    at = f"base {Base(record['ref'], record['commit'], record['repo']).name()}"
+    runs, passed, theirs = record.get("runs", 0), record.get("passed", 0), record.get("signatures") or []
+    if flaky:
+        return GateClass.FLAKY, f"{verdict} (not rerun on {at})"
+    if not runs:
+        why = "; ".join(record.get("not_run") or []) or "it did not run"
+        return GateClass.NEW, f"new: fails here; on {at} the cell could not run ({why}), so nothing clears it"
+    if passed and passed < runs:
+        return GateClass.FLAKY, f"flaky: fails here, and on {at} passed {passed} of {runs} runs"
+    if passed == runs:
+        return GateClass.NEW, f"new: fails here, passes on {at} ({runs} of {runs} runs)"
+    if theirs == [mine]:
+        return (GateClass.BROKEN_TRUNK, f"broken trunk: fails on {at} too, with the same signature "
+                                        f"({runs} of {runs} runs): {mine}")
+    return GateClass.NEW, f"new: fails on {at} too, but differently; here: {mine}; base: {'; '.join(theirs)}"
+
+
 def classify(result, base_runs: list, base: Base) -> tuple[GateClass, str, dict]:
     """(class, verdict, the base's record) of a PR's new failure (``result``, after its confirming runs) given the
     same cell's runs on the base."""
+    record = base_record(base_runs, base)
     mine = result.signature or signature(result.error_text or result.error_line)
-    ran = [r for r in base_runs if not r.not_run]
-    failed = [r for r in ran if r.status != Status.PASSED]
-    theirs = list(dict.fromkeys(signature(r.error_text or r.error_line) for r in failed))
-    record = {**base.about(), "runs": len(ran), "passed": len(ran) - len(failed), "signatures": theirs,
-              "lines": list(dict.fromkeys(r.error_line or "" for r in failed)),
-              "folders": [r.log_dir for r in base_runs], "not_run": [r.error_line for r in base_runs if r.not_run]}
-    at = f"base {base.name()}"
-    if result.flaky:
-        return GateClass.FLAKY, f"{result.verdict} (not rerun on {at})", record
-    if not ran:
-        why = "; ".join(record["not_run"]) or "it did not run"
-        return GateClass.NEW, f"new: fails here; on {at} the cell could not run ({why}), so nothing clears it", record
-    if failed and len(failed) < len(ran):
-        return (GateClass.FLAKY, f"flaky: fails here, and on {at} passed {len(ran) - len(failed)} of {len(ran)} runs",
-                record)
-    if not failed:
-        return GateClass.NEW, f"new: fails here, passes on {at} ({len(ran)} of {len(ran)} runs)", record
-    if theirs == [mine]:
-        return (GateClass.BROKEN_TRUNK, f"broken trunk: fails on {at} too, with the same signature "
-                                        f"({len(ran)} of {len(ran)} runs): {mine}", record)
-    return (GateClass.NEW, f"new: fails on {at} too, but differently; here: {mine}; base: {'; '.join(theirs)}",
-            record)
+    return (*gate_class(mine, result.flaky, result.verdict, record), record)

@@ -70,6 +70,7 @@ class CellResult:
     # the job whose failure failed this cell ("baseline <id>", "seed checkpoint of <model>"): infra, not its own bug
     culprit: str | None = None
     versions: dict = field(default_factory=dict)  # package -> version it ran on (its version set's environment)
+    imported: dict = field(default_factory=dict)  # package -> what its ranks imported: file, version, commit, tree
     outside_range: list = field(default_factory=list)  # what of its version set the target does not support
     details: list = field(default_factory=list)  # extra lines for the failure report
     signature: str = ""  # normalised error signature (see verdict.signature)

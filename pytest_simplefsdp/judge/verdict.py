@@ -1,13 +1,12 @@
-"""Step 5: judge a cell's result against the known-failure entries that apply to it (known.py): the pytest
-outcome it gets, with the entry and the message; and a stored record judged again against another file."""
+"""Step 5, its first half: judge a cell's result against the known-failure entries that apply to it (known.py): the
+pytest outcome it gets, with the entry and the message. decision.py adds its own runs and the base's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kinds import GateClass, KnownKind, Status
-from .known import Entry, KnownFailures, outside_window, signature
-from .results import CellResult
+from ..kinds import KnownKind, Status
+from .known import Entry, outside_window, signature
 
 
 @dataclass
@@ -53,46 +52,3 @@ def judge(result, entries: list, gate: bool, updating=False) -> Verdict:
         wanted = "; ".join(f"{e.id}: /{e.error}/" for e in expected)
         return Verdict(Status.FAILED, None, f"failed with a different error than known: expected {wanted}; got: {sig}")
     return Verdict(Status.FAILED)
-
-
-def apply(result, entries: list, gate: bool, updating=False) -> Verdict:
-    """Judge a result and write the verdict into it: status, verdict text, flaky, signature, known failure."""
-    verdict = judge(result, entries, gate, updating)
-    result.signature = signature(result.error_text or result.error_line)
-    result.status, result.verdict, result.flaky = verdict.outcome, verdict.message, verdict.flaky
-    result.known_failure = verdict.entry.id if verdict.entry else None
-    result.known_failure_link = verdict.entry.link if verdict.entry else None
-    return verdict
-
-
-def rejudge(rec: dict, known: KnownFailures, env: dict, gate: bool = False) -> dict:
-    """A stored cell's record judged again against a known-failures file (a run rendered elsewhere, or after
-    the file changed): what the run did (passed, or failed with which class and error) is kept; the verdict,
-    the known failure and the pytest outcome are redone. Mutated runs keep their mutation verdict."""
-    if rec.get("mutant"):
-        return rec
-    entries = known.for_cell(rec["axes"], env)
-    if rec["status"] == Status.SKIPPED:  # it never ran: only a skip entry can say why now
-        skip = next((e for e in entries if e.kind == KnownKind.SKIP), None)
-        if skip:
-            return dict(rec, known_failure=skip.id, known_failure_link=skip.link, verdict=skip.reason)
-        if rec.get("known_failure"):
-            return dict(rec, known_failure=None, known_failure_link=None,
-                        verdict=f"not run: entry {rec['known_failure']} skipped it; no skip entry applies now")
-        return rec
-    result = CellResult.from_record(rec)
-    result.status = Status.FAILED if rec.get("failure_class") else Status.PASSED  # before any verdict
-    verdict = apply(result, entries, gate)
-    if rec.get("gate"):  # judged against a PR's base (judge.gate): an entry makes it known; else its class stands
-        if verdict.entry is not None and result.status == Status.XFAILED:
-            result.gate = GateClass.KNOWN
-        elif result.status == Status.FAILED and rec["gate"] != GateClass.KNOWN:
-            result.gate, result.verdict = rec["gate"], rec.get("verdict", "")
-            result.status = Status.FAILED if result.gate == GateClass.NEW else Status.XFAILED
-        elif result.status == Status.FAILED:
-            result.gate = None  # its entry no longer applies, and the base never ran it: unclassified
-    fresh = result.record()
-    return {**rec, **{k: fresh[k] for k in ("status", "verdict", "flaky", "signature", "known_failure",
-                                            "known_failure_link", "gate")}}
-
-

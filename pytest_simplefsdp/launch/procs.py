@@ -188,9 +188,10 @@ def check_runnable(argv, cwd=None, env=None):
 
 
 def python_path(command: RankCommand):
-    """The harness's sitecustomize first (stack dumps on SIGUSR1), then the target's, then ours."""
-    parts = [str(SHIM_DIR), *command.env.get("PYTHONPATH", "").split(os.pathsep),
-             *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    """The harness's sitecustomize first (stack dumps on SIGUSR1), then the target's, then ours; a version set's
+    ranks (versions.envs) see only their environment's and the plugin's: a torchtitan on our path would shadow it."""
+    outer = "" if command.env.get("SIMPLEFSDP_VERSIONS") else os.environ.get("PYTHONPATH", "")
+    parts = [str(SHIM_DIR), *command.env.get("PYTHONPATH", "").split(os.pathsep), *outer.split(os.pathsep)]
     return os.pathsep.join(dict.fromkeys(p for p in parts if p))
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..judge.known import load_known_failures
-from ..judge.verdict import rejudge
+from ..judge.decision import rejudge
 from ..kinds import Status
 from ..paths import KNOWN_FAILURES, MATRIX_DIR
 from ..spec.matrix import load_matrix
@@ -20,6 +20,7 @@ from ..words import plural
 from ..yamlio import MatrixError
 from . import noise, page
 from .compare import change_lines, compare_runs
+from .gate import gate as pr_gate
 from .markdown import render_md
 from .tables import render_text
 
@@ -37,16 +38,20 @@ def known_for(path, doc):
 
 
 def rejudged(doc, known, gate=False):
-    """The run with every cell judged again against ``known`` (verdict.rejudge), the environment read from each
-    matrix's meta record."""
+    """The run with every cell judged again against ``known`` (decision.rejudge, as the live run decides), the
+    environment read from each matrix's meta record; what the document sums up from its cells (the PR gate's
+    block) summed up again, so it says what its cells say."""
     runs = []
     for run in doc["runs"]:
         meta = run["meta"]
         v = meta.get("versions") or {}
         env = {"profile": meta.get("profile"), "target": meta.get("target"), "device": meta.get("device"),
                "tier": meta.get("tier", "real"), "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
-        runs.append({**run, "cells": [rejudge(rec, known, env, gate) for rec in run["cells"]]})
-    return {**doc, "runs": runs}
+        runs.append({**run, "cells": [rejudge(rec, known, env, gate, meta.get("base")) for rec in run["cells"]]})
+    out = {**doc, "runs": runs}
+    if doc.get("gate") is not None:
+        out["gate"] = pr_gate(out)
+    return out
 
 
 def judged_by(doc, chosen):

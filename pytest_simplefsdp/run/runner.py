@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ..judge import provenance
 from ..judge.numerics import untrained_step
 from ..judge.results import CellResult, build_result, read_text
 from ..kinds import FailureClass, Status, Tier
@@ -113,7 +114,6 @@ class CellRunner:
             return failed
         result = self._launch(run, cell, spec, launcher)
         result.details.extend(steps)
-        result.versions = self.sets.ran_on(run, vset)
         if not vset.installed:  # asked for by name: it runs, and says where it leaves the target's range
             result.outside_range = run.target.outside_range(result.versions)
             result.details.extend(result.outside_range)
@@ -124,6 +124,8 @@ class CellRunner:
             spec.port = free_port()
             result = self._launch(run, cell, spec, launcher)
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
+        result.versions = self.sets.ran_on(run, vset)
+        self.prove(run, vset, spec, result)
         line = untrained_step(result) if result.status == Status.PASSED else None
         if line:
             result.fail(FailureClass.NUMERICS, line)
@@ -139,6 +141,27 @@ class CellRunner:
         if result.failure_class and trace.is_dir():
             result.trace_html = render_trace(trace, spec.log_dir / "tlparse")
         return result
+
+    def prove(self, run, vset, spec, result):
+        """What the ranks imported, against what the cell was to run on: a version set's run that ran other code is
+        infra naming both (its own outcome is no verdict on the set), as is a passing one that cannot show what it
+        imported; the installed side says where its ranks' imports are not the installed distribution."""
+        records = provenance.read(spec.log_dir)
+        result.imported = provenance.summary(records)
+        expected = self.sets.expected(run, vset)
+        wrong = provenance.mismatch(records, expected)
+        if wrong is None and result.status == Status.PASSED and not vset.installed:
+            unproved = [p for p in dict(vset.pins) if p not in result.imported]
+            if unproved:
+                wrong = (f"the ranks did not show that they ran version set {vset.label()}: none recorded importing "
+                         f"{', '.join(unproved)} (SIMPLEFSDP_PROVES, the start-up shim's record)")
+        if wrong:
+            if result.status != Status.PASSED:
+                result.details.append(f"its own outcome, not a verdict on {vset.label()}: {result.error_line}")
+            result.fail(FailureClass.INFRA, wrong)
+            result.not_run = True
+        elif vset.installed:
+            result.details.extend(provenance.differences(records, expected))
 
     def _launch(self, run, cell, spec, launcher) -> CellResult:
         spec.log_dir.mkdir(parents=True, exist_ok=True)
@@ -186,6 +209,7 @@ class CellRunner:
             if devices is not None:
                 spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
             again = self._launch(run, cell, spec, launcher)
+            self.prove(run, cell_set(cell.axes), spec, again)
             what = f"run {later + 1} of {total}"
             if again.status != Status.PASSED:
                 result.fail(again.failure_class, f"{what}: {again.error_line}", again.failing_rank, again.error_text)

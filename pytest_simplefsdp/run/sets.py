@@ -1,12 +1,14 @@
 """Where a cell's version set runs: its environment (versions.envs.Environments, built with uv), or the one pytest
 runs in for ``installed``. A set's commands take that environment's Python; a set whose environment cannot be had
-names the installer's line; a record names the versions it ran on, and what of them the target does not support."""
+names the installer's line; a record names the versions it ran on (proved by what its ranks imported:
+judge.provenance), and what of them the target does not support."""
 
 from __future__ import annotations
 
-from ..machine import versions
+from ..judge.provenance import Expected
+from ..machine import installed_folder, versions
 from ..versions.envs import DONE, EnvError
-from ..versions.sets import parse
+from ..versions.sets import INSTALLED, parse
 
 
 class VersionSets:
@@ -34,6 +36,14 @@ class VersionSets:
             return None
         folder = self.envs.folder(vset, run.target.REQUIRES)
         return str(folder / "bin" / "python") if (folder / DONE).is_file() else None
+
+    def expected(self, run, vset) -> Expected:
+        """What the set's ranks must import: its environment and pins; the installed side, the installed
+        distributions of what the target proves (compared, not enforced)."""
+        if vset.installed or self.envs is None:
+            proves = getattr(run.target, "PROVES", ())
+            return Expected(INSTALLED, installed={p: installed_folder(p) for p in proves if installed_folder(p)})
+        return Expected(vset.label(), str(self.envs.get(vset, run.target.REQUIRES).folder), dict(vset.pins))
 
     def ran_on(self, run, vset) -> dict:
         """The versions a cell of the set ran on (its record names them)."""

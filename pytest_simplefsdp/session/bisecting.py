@@ -69,7 +69,7 @@ class Bisector:
         """The ordered list to search: --simplefsdp-bisect-versions (a list, a range of the index's releases, a folder
         of wheels, an index URL, or GOOD..BAD commits), else the index's releases of the last minor versions."""
         spec = (self.settings.bisect_versions or "").strip()
-        if self.package == "torchtitan" and (".." in spec or self.settings.torchtitan_repo):
+        if self.package == "torchtitan" and ".." in spec:
             return [f"@{sha}" for sha in commits(self.settings.torchtitan_repo, spec)]  # (in the history's order)
         if spec.startswith(("http://", "https://")):
             found = index_versions(self.package, index=spec, timeout=60, prereleases=True)  # (nightlies)
@@ -220,7 +220,8 @@ def window_of(found: Found) -> dict:
 def commits(repo, spec) -> list[str]:
     """GOOD..BAD of a git checkout, oldest first, GOOD included (first-parent history: the merges the branch saw)."""
     if not repo:
-        raise BisectError("--simplefsdp-bisect=torchtitan over commits needs --simplefsdp-torchtitan-repo=PATH")
+        raise BisectError("--simplefsdp-bisect=torchtitan over commits needs a torchtitan checkout: run in it, or "
+                          "name it with --simplefsdp-torchtitan-repo=PATH")
     if ".." not in spec:
         raise BisectError(f"--simplefsdp-bisect-versions={spec!r}: name the commits as GOOD..BAD")
     good, _, bad = spec.partition("..")

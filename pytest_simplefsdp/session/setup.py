@@ -158,18 +158,26 @@ def check_versions(s, runs) -> list[str]:
                     f".simplefsdp/envs/, built with uv where none is kept)"] * bool(labels)
 
 
+def torchtitan_checkout(config, s) -> Path | None:
+    """The torchtitan git checkout whose commits the run names (a PR's base, ``torchtitan@<commit>`` sets, a
+    bisection's range): --simplefsdp-torchtitan-repo, else the one torchtitan is installed editable from, else the
+    rootdir where it is one (a run started in the checkout), else None."""
+    candidates = [s.torchtitan_repo, source_checkout("torchtitan"), config.rootpath]
+    return next((Path(c) for c in candidates if c is not None and is_checkout(c)), None)
+
+
 def resolve_base(config, s):
     """--simplefsdp-base: the commit failures are rerun on (judge.gate.Base), in the checkout it names: the
     --simplefsdp-torchtitan-repo, else the one torchtitan is installed editable from, else the rootdir. None without
     the option; a usage error for a ref that names no commit, or names the commit the installed torchtitan is."""
     if not s.base:
         return None
-    candidates = [s.torchtitan_repo, source_checkout("torchtitan"), config.rootpath]
-    repo = next((Path(c) for c in candidates if c is not None and is_checkout(c)), None)
+    repo = s.torchtitan_repo  # (torchtitan_checkout's, where the option names none)
     if repo is None:
+        tried = ", ".join(str(c) for c in (source_checkout("torchtitan"), config.rootpath) if c)
         raise pytest.UsageError(f"--simplefsdp-base={s.base}: no torchtitan git checkout to take it from (tried "
-                                f"{', '.join(str(c) for c in candidates if c)}); run in your torchtitan checkout or "
-                                f"name it with --simplefsdp-torchtitan-repo=PATH")
+                                f"{tried}); run in your torchtitan checkout or name it with "
+                                f"--simplefsdp-torchtitan-repo=PATH")
     editable = source_checkout("torchtitan") == repo  # (then the PR is its working tree)
     try:
         ref, commit = merge_base(repo) if s.base == MERGE_BASE else (s.base, short_sha(repo, s.base))

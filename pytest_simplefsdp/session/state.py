@@ -14,10 +14,10 @@ import psutil
 import pytest
 
 from ..judge import mutants
-from ..judge.gate import classify
-from ..judge.known import signature
+from ..judge.decision import confirm_record, decide, record_decision
+from ..judge.gate import base_record
 from ..judge.results import CellResult
-from ..judge.verdict import apply
+from ..judge.verdict import Verdict
 from ..kinds import FailureClass, GateClass, KnownKind, RecordType, Status
 from ..launch.procs import kill_procs, session_leftovers
 from ..options import settings
@@ -33,7 +33,8 @@ from . import setup
 class MatrixSession:
     def __init__(self, config, files=None):
         self.config = config
-        self.settings = s = settings(config)
+        s = settings(config)
+        self.settings = s = dataclasses.replace(s, torchtitan_repo=setup.torchtitan_checkout(config, s))
         self.launcher = setup.make_launcher(config, s.dry_run)
         self.cache_dir = config.rootpath / ".simplefsdp"
         self.run_dir = s.artifacts or self.cache_dir / "runs" / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -50,8 +51,7 @@ class MatrixSession:
                 raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
         self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
         self.base = None if s.dry_run else setup.resolve_base(config, s)  # --simplefsdp-base: judge.gate.Base
-        repo = s.torchtitan_repo or (self.base and Path(self.base.repo))
-        self.envs = Environments(self.cache_dir / "envs", s.fresh, repo)  # one per version set
+        self.envs = Environments(self.cache_dir / "envs", s.fresh, s.torchtitan_repo)  # one per version set
         self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks, self.envs)
         self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
         self.runs = setup.load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
@@ -132,31 +132,33 @@ class MatrixSession:
         return result
 
     def run_judged(self, run, cell, packed=None):
-        """The cell's judged result (a matrix item and the fixture alike) and, for a plain cell, its verdict."""
+        """The cell's judged result (a matrix item and the fixture alike): it runs, and a new failure runs again
+        (confirm) and on a PR's base (against_base); what it all means is judge.decision's, decided once."""
         result = self.packer.result(packed) if self.packer and packed else self.run_and_check(run, cell)
         if cell.mutant:
             mutant = next(m for m in run.target.MUTANTS if m.name == cell.mutant)
             return mutants.judge(result, mutant), None
-        verdict = apply(result, self.entries_for(run, cell), self.settings.gate, self.settings.update_known_failures)
-        if result.status == Status.FAILED and result.failure_class and verdict.entry is None:
-            self.confirm(run, cell, result)
-            if self.base is not None and result.status == Status.FAILED:
-                self.against_base(run, cell, result)
-        elif self.base is not None and verdict.entry is not None and result.status == Status.XFAILED:
-            result.gate = GateClass.KNOWN
-        return result, verdict
+        entries = self.entries_for(run, cell)
+        first = decide(result, entries, self.settings.gate, self.settings.update_known_failures)
+        if first.status == Status.FAILED and result.failure_class and first.entry is None:
+            self.confirm(run, cell, result)  # (a culprit that passes on its rerun leaves the cell judged anew)
+            if self.base is not None and result.status == Status.FAILED and result.failure_class:
+                result.base = self.against_base(run, cell, result, entries)
+        d = decide(result, entries, self.settings.gate, self.settings.update_known_failures, result.confirm,
+                   result.base, gated=self.base is not None)
+        record_decision(result, d)
+        return result, Verdict(d.status, d.entry, d.verdict, d.flaky)
 
-    def against_base(self, run, cell, result):
+    def against_base(self, run, cell, result, entries) -> dict:
         """--simplefsdp-base: a new failure run again on the base's torchtitan (--simplefsdp-confirm runs, each in
-        ``<cell>/base-<set>-<N>/``) and classified (judge.gate): only a new one stays a failure; broken trunk and
-        flaky become expected failures that say why. A flaky cell (its own runs disagree) is not run again."""
+        ``<cell>/base-<set>-<N>/``); its record (judge.gate.base_record). A flaky cell (its own runs disagree) and
+        one that never ran are not run again."""
+        flaky = decide(result, entries, confirm=result.confirm).flaky
         runs = []
-        if not result.flaky and not result.not_run:
+        if not flaky and not result.not_run:
             with self.phase(run, cell, f"a run on the base {self.base.name()}"):
                 runs = self.runs_on(run, cell, "torchtitan", "@" + self.base.commit, "base")
-        result.gate, result.verdict, result.base = classify(result, runs, self.base)
-        if result.gate != GateClass.NEW:
-            result.status = Status.XFAILED
+        return base_record(runs, self.base)
 
     def runs_on(self, run, cell, package, version, purpose) -> list[CellResult]:
         """The cell with one package pinned (its version set's environment), --simplefsdp-confirm times, each
@@ -169,7 +171,7 @@ class MatrixSession:
 
     def confirm(self, run, cell, result):
         """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it
-        is reported as new; one that passes in any run is reported as flaky, with its pass rate. A cell that did
+        is reported as new; its runs' record (``result.confirm``) is what judge.decision reads. A cell that did
         not run to its own end (SLURM cancelled it, srun refused it) is not run again: its failure is not the cell's."""
         runs = self.settings.confirm
         if runs <= 1 or result.not_run:  # a cell the launcher did not run (or someone stopped) shows nothing of its own
@@ -180,22 +182,12 @@ class MatrixSession:
         for n in range(2, runs + 1):
             with self.phase(run, cell, f"confirming run {n} of {runs}"):
                 again.append(self.run_attempt(run, cell, f"confirm{n}"))
-        passed = sum(1 for r in again if r.status == Status.PASSED)
-        signatures = list(dict.fromkeys(signature(r.error_text or r.error_line) for r in [result, *again]
-                                        if r.failure_class))
-        result.confirm = {"runs": runs, "passed": passed, "pass_rate": round(passed / runs, 3),
-                          "signatures": signatures, "folders": [r.log_dir for r in again]}
-        if passed:
-            result.flaky = True
-            result.verdict = (f"flaky, new: passed {passed} of {runs} runs (no known-failures entry; "
-                              f"--simplefsdp-update-known-failures adds a kind: flaky entry with its pass rate)")
-        else:
-            result.verdict = f"new: failed in every one of {runs} runs" + (
-                f" ({len(signatures)} different errors)" if len(signatures) > 1 else "")
+        result.confirm = confirm_record(result, again)
 
     def confirm_culprit(self, run, cell, result, runs):
         """A cell failed by its baseline or seed checkpoint (``culprit``): that job, not the cell, runs again, up to
-        --simplefsdp-confirm runs in all; once it is had, the cell is compared with it and judged as any cell."""
+        --simplefsdp-confirm runs in all; once it is had, the cell is compared with it (and then judged as any
+        cell)."""
         culprit, first, made = result.culprit, result.error_line, None
         for n in range(2, runs + 1):
             with self.phase(run, cell, f"{culprit} again, run {n} of {runs}"):
@@ -210,11 +202,6 @@ class MatrixSession:
             self.book.check(run, cell, result)
             result.details.append(f"{culprit} failed once ({first}); it passed on run {ran} of {runs}, and this cell "
                                   f"was compared with it")
-            if result.status == Status.FAILED:
-                apply(result, self.entries_for(run, cell), self.settings.gate)
-        else:
-            result.verdict = (f"not this cell's failure: {culprit} failed in every one of its {ran} runs; the cell "
-                              f"itself ran once")
 
     def run_attempt(self, run, cell, attempt):
         """The cell once more, beside its first run (``<cell>/<attempt>/``), compared with its baseline."""

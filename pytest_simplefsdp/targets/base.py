@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from ..commands import RankCommand
 from ..judge.evidence import check
 from ..machine import TRAINERS, installed, source_checkout, torchtitan_trainers
 from ..paths import FIXTURES, SHIM_DIR
@@ -249,6 +251,15 @@ class TorchtitanTarget(Target):
         assets = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(assets)
         assets.ensure_assets(self.assets)
+
+    PROVES = ("torch", "torchtitan")  # what every rank records it imported (shim/provenance.py)
+
+    def rank_command(self, module, args, env, **kw) -> RankCommand:
+        """``python -m module args`` as every rank of the target runs it: what it imports proved, from a safe import
+        path (Python's -P) started in the plugin's own folder: a rank started in the torchtitan checkout pytest runs
+        in would import the checkout's torchtitan ahead of the environment's (Python 3.10, which has no -P, too)."""
+        env = {**env, "PYTHONSAFEPATH": "1", "SIMPLEFSDP_PROVES": ",".join(self.PROVES)}
+        return RankCommand([sys.executable, "-m", module, *args], env, cwd=str(self.cache_dir), **kw)
 
     def job_configs(self, cells):
         """The job configs (keys of ``options``) the cells start from."""

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from ..commands import RankCommand
 from ..paths import FIXTURES
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
@@ -88,8 +86,8 @@ class Titan02(TorchtitanTarget):
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         test = self.upstream_test(cell.axes)
         name = options(test.flags).get("model.name") if test else self.matrix.models[cell.axes["model"]]["name"]
-        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env,
-                           preload=[f"torchtitan.experiments.{name}"], unforkable=self.UNFORKABLE)
+        return self.rank_command("torchtitan.train", args, env, preload=[f"torchtitan.experiments.{name}"],
+                                 unforkable=self.UNFORKABLE)
 
     # the fork server imports the config manager once; 0.2 binds its arguments then (0.3 reads them per call)
     UNFORKABLE = "torchtitan 0.2's ConfigManager.parse_args binds sys.argv[1:] when it is imported"

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..commands import RankCommand
 from ..judge.evidence import Expect, check, inductor_codegen
 from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
 from ..spec.matrix import MatrixError
@@ -195,8 +193,7 @@ class Titan03(TorchtitanTarget):
                  Flag("dump_folder", dump_folder, "target")]
         spelled = self.spell({"model": model, "versions": versions}, flags)
         argv = ["--module", module, "--config", config, *spelled.argv]
-        return RankCommand([sys.executable, "-m", "torchtitan.train", *argv],
-                           {**shim_env(self.matrix.device, self.name), **spelled.env()})
+        return self.rank_command("torchtitan.train", argv, {**shim_env(self.matrix.device, self.name), **spelled.env()})
 
     def losses(self, dump_folder: Path):
         """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
@@ -282,8 +279,8 @@ class Titan03(TorchtitanTarget):
                    else module]
         # a precompiled artifact is rank-agnostic: every rank loads it as local rank 0 of its own GPU (upstream's
         # run_train_precompile.sh passes torchrun --virtual-local-rank)
-        return RankCommand([sys.executable, "-m", "torchtitan.train", *args], env, preload=preload,
-                           virtual_local_rank="precompile" in self.before_steps(cell))
+        return self.rank_command("torchtitan.train", args, env, preload=preload,
+                                 virtual_local_rank="precompile" in self.before_steps(cell))
 
     STEPS = ("precompile",)
 
@@ -292,8 +289,8 @@ class Titan03(TorchtitanTarget):
         world, writes the compiled artifact the cell's training then loads (upstream's run_precompile_tests.py,
         step 1). Same flags as the training; upstream's tool builds on cuda:0, so this runs on a GPU only."""
         train = self.command(cell, dump_folder, seed_folder)
-        return RankCommand([sys.executable, "-m", "torchtitan.experiments.graph_trainer.precompile_main",
-                            *train.argv[3:]], dict(train.env), preload=train.preload)
+        return self.rank_command("torchtitan.experiments.graph_trainer.precompile_main", train.argv[3:], train.env,
+                                 preload=train.preload)
 
 
 def tensorboard_losses(dump_folder: Path, tag="loss_metrics/global_avg_loss"):

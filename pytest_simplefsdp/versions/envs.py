@@ -145,7 +145,10 @@ class Environments:
         return max(sizes, default=DEFAULT_BYTES) or DEFAULT_BYTES
 
     def apply(self, command, vset: VersionSet, requires=()):
-        """The command as it runs in the set's environment: its interpreter, the plugin's rank side on its path."""
+        """The command as it runs in the set's environment: its interpreter, the plugin's rank side on its path (and
+        no other: launch.procs leaves the outer PYTHONPATH out of a set's ranks), a safe import path (Python's -P: a
+        ``python -m`` rank started in a torchtitan checkout would import the checkout's torchtitan, not the set's),
+        and every pinned package proved by what the ranks import (shim/provenance.py, judge/provenance.py)."""
         if vset.installed:
             return command
         folder = self.folder(vset, requires)
@@ -154,6 +157,9 @@ class Environments:
         paths = [str(folder / PLUGIN), *filter(None, command.env.get("PYTHONPATH", "").split(os.pathsep))]
         command.env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         command.env["SIMPLEFSDP_VERSIONS"] = vset.label()
+        command.env["PYTHONSAFEPATH"] = "1"
+        proves = [*filter(None, command.env.get("SIMPLEFSDP_PROVES", "").split(",")), *(p for p, _ in vset.pins)]
+        command.env["SIMPLEFSDP_PROVES"] = ",".join(dict.fromkeys(proves))
         return command
 
 

@@ -25,6 +25,7 @@ from step --at-step on, --rank breaks one:
   norecord     it records nothing (its probe did not run)
 Versions (a version set's environment, where "torch" may be a stand-in wheel): --breaks-from V fails --rank at
 --at-step from torch V on; --fixed-from V fails it before torch V (a fix); --other-at V fails it with another error on torch V; --flaky-at V fails every second run.
+A version set's rank imports the packages it pins (SIMPLEFSDP_PROVES), as a real rank imports torch and torchtitan.
 --torchtitan-says: where the environment's "torchtitan" (a stand-in package of a fake git checkout) has a file
 broken.txt, it decides the mode: a line `MODE` fails that mode as `fail` does, `MODE other` with another error,
 `MODE flaky` every second run; a mode it does not list passes. Without that file (the torchtitan pytest runs with:
@@ -37,6 +38,7 @@ recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
 """
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -76,6 +78,8 @@ def main():
     p.add_argument("--torchtitan-says", action="store_true", help="the stand-in torchtitan's broken.txt decides "
                                                                    "the mode (see above)")
     a = p.parse_args()
+    for name in filter(None, os.environ.get("SIMPLEFSDP_PROVES", "").split(",")):  # what a version set pins: a real
+        importlib.import_module(name)  # rank imports its torch and torchtitan, and the start-up shim records them
     if a.torchtitan_says:
         said = torchtitan_says(a.mode)
         if said is not None:

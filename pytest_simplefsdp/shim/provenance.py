@@ -1,0 +1,100 @@
+"""What a rank imported, recorded as it imports it (it changes nothing): for each package the launch asks it to
+prove (``SIMPLEFSDP_PROVES=torch,torchtitan``), the folder it was imported from, its version, and for the code
+under test (torchtitan) the commit it came from (its git checkout's ``HEAD``, else the commit pip or uv installed it
+from) and a content hash of its ``.py`` files. Section ``imported`` of ``rank<R>.json``; judge.provenance reads it.
+
+A fork server imports before it forks: what it found is kept and written by each forked rank (``after_fork``).
+Standard library only: this runs in the ranks of any environment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+from . import record
+from .hooks import after_import
+
+HASHED = ("torchtitan",)  # the code under test: a content hash proves which copy ran (torch's is 30 MB of .py)
+FOUND = {}  # package -> its identity, once imported in this process (a forked rank inherits the server's)
+
+
+def tree_hash(folder) -> str:
+    """sha256 over the package's ``.py`` files (their paths relative to it, and their bytes), in a fixed order."""
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                h.update(os.path.relpath(path, folder).encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def git_commit(folder) -> tuple[str | None, bool]:
+    """(HEAD of the git checkout whose tracked files ``folder`` holds, whether they differ from it); (None, False)
+    where the folder's files are not tracked there (an environment's copy inside a checkout's ignored folders)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, timeout=20)
+
+    try:
+        tracked = git("ls-files", "--", "__init__.py")
+        if tracked.returncode != 0 or not tracked.stdout.strip():
+            return None, False
+        head, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no", "--", ".")
+        return (head.stdout.strip() or None) if head.returncode == 0 else None, bool(dirty.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        return None, False
+
+
+def distribution(name, folder):
+    """The installed distribution ``name`` where its files are the ones in ``folder`` (else None)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(name)
+        return dist if os.path.realpath(str(dist.locate_file(name))) == os.path.realpath(folder) else None
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+
+
+def identity(name, module) -> dict:
+    folder = os.path.dirname(os.path.realpath(module.__file__))
+    dist = distribution(name, folder)
+    out = {"file": folder, "version": dist.version if dist else str(getattr(module, "__version__", "") or "")}
+    if name in HASHED:
+        commit, dirty = git_commit(folder)
+        if commit is None and dist is not None:  # what pip or uv recorded installing it (PEP 610)
+            try:
+                commit = (json.loads(dist.read_text("direct_url.json") or "{}").get("vcs_info") or {}).get("commit_id")
+            except ValueError:
+                commit = None
+        out.update(commit=commit, tree=tree_hash(folder))
+        if dirty:
+            out["dirty"] = True
+    return out
+
+
+def _found(name):
+    def seen(module):
+        FOUND[name] = identity(name, module)
+        write()
+
+    return seen
+
+
+def write():
+    """This rank's record of what it imported so far (no record folder, as in a fork server: kept for its ranks)."""
+    if FOUND:
+        record.write("imported", {**FOUND, "python": sys.executable})
+
+
+def start(env=os.environ):
+    for name in filter(None, (p.strip() for p in env.get("SIMPLEFSDP_PROVES", "").split(","))):
+        after_import(name, f"imported:{name}")(_found(name))
+
+
+def after_fork():
+    write()
