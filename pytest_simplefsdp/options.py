@@ -320,7 +320,19 @@ OPTIONS = [
                                    "merge base of HEAD with main. Each failure is then new (passes on the base, or "
                                    "fails there differently), broken trunk (same signature on the base), flaky "
                                    "(runs disagree) or known (an entry); only new failures fail the run. Passing "
-                                   "cells are not run again", const=MERGE_BASE, metavar="REF"),
+                                   "cells are not run again, but smoke cells (--simplefsdp-base-numerics)", const=MERGE_BASE, metavar="REF"),
+    Option("base-numerics", "string", "report", "under --simplefsdp-base, each smoke cell that passes is also run "
+                                                "once on the base and compared with it (losses, every parameter's "
+                                                "gradient and update norms): report (the default) names the cells "
+                                                "whose numerics the PR changed and by how much, fail also fails those "
+                                                "that moved beyond the cell's own tolerance, off runs nothing more",
+           one_of("report", "fail", "off"), metavar="report|fail|off"),
+    Option("changed", "string", None, "run only the cells the torchtitan checkout's changes since REF can reach "
+                                      "(git diff REF, the working tree's edits and new files included), by the "
+                                      "target's map of torchtitan paths (matrix/paths/<target>.yaml; a path it does "
+                                      "not map reaches every cell); bare: the --simplefsdp-base commit, else the "
+                                      "merge base of HEAD with main. The run says which cells it left out and why",
+           const=MERGE_BASE, metavar="REF"),
     Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets, "
                                               "--simplefsdp-bisect=torchtitan and --simplefsdp-base name (default: "
                                               "the checkout torchtitan is installed editable from, else the rootdir "
@@ -365,6 +377,8 @@ class Settings:
     bisect_versions: str | None
     confirm: int
     base: str | None
+    base_numerics: str
+    changed: str | None
     torchtitan_repo: Path | None
     update_known_failures: bool
 

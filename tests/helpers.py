@@ -189,6 +189,17 @@ PLANT_EP_OTHER = (PLANT_EP[0], PLANT_EP[2], "    if parallel_dims.ep > 1:\n     
                   "all-to-all: split sizes disagree across ranks')\n", "planted: EP refused with another error")
 
 
+# issue 45's numerics PR: every RMSNorm's default eps 1e-5 -> 1e-3 (both models, every layout alike)
+PLANT_EPS = ("torchtitan/models/common/nn_modules.py",
+             'class RMSNorm(nn.RMSNorm, Module):\n    """Configurable nn.RMSNorm."""\n\n'
+             "    @dataclass(kw_only=True, slots=True)\n    class Config(Module.Config):\n"
+             "        normalized_shape: int\n        eps: float = 1e-5\n",
+             'class RMSNorm(nn.RMSNorm, Module):\n    """Configurable nn.RMSNorm."""\n\n'
+             "    @dataclass(kw_only=True, slots=True)\n    class Config(Module.Config):\n"
+             "        normalized_shape: int\n        eps: float = 1e-3\n",
+             "planted: RMSNorm eps 1e-5 -> 1e-3")
+
+
 def plant(repo, bug, branch=None, replace=False) -> str:
     """Commit ``bug`` (a PLANT_* tuple) into a torchtitan checkout (on a new ``branch`` from HEAD, where given): its
     lines after the anchor line, or (``replace``) in its place; returns the new commit (12 hex digits)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_TRACE, cells_of, plant
+from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_EPS, PLANT_TRACE, cells_of, plant
 from pytest_simplefsdp.machine import source_checkout
 
 CHECKOUT = Path(os.environ.get("SIMPLEFSDP_MAIN_CHECKOUT", "/nonexistent"))
@@ -76,6 +76,35 @@ def test_a_pr_on_main_is_gated_against_its_base(pytester, pr_branch):
     doc = json.loads(out.read_text())
     assert doc["gate"]["counts"] == {"new": 1, "broken trunk": 1, "flaky": 0, "known": 0}
     result.stdout.fnmatch_lines([f"*simplefsdp PR gate against base gate-demo-base ({base}): 1 new, 1 broken trunk*"])
+
+
+def test_a_pr_that_moves_every_layouts_numerics_is_reported_against_its_base(pytester):
+    """RMSNorm's eps 1e-5 -> 1e-3 moves every cell and its baseline alike: each smoke cell passes its own baseline,
+    and only the same cell on the base shows the change (--simplefsdp-base-numerics, report by default: the gate
+    passes); under ``fail`` the cells fail as new."""
+    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    start = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    try:
+        plant(CHECKOUT, PLANT_EPS, branch="eps-demo-pr", replace=True)
+        result, out = run_smoke(pytester, f"--simplefsdp-base={start}", f"--simplefsdp-torchtitan-repo={CHECKOUT}",
+                                timeout=2400)
+        result.assert_outcomes(passed=3)
+        for cell in cells_of(out).values():
+            moved = cell["base_numerics"]
+            assert moved["changed"] and moved["beyond"] and moved["size"]["loss"] > 1e-6, (cell["id"], moved)
+            assert cell["numerics"]["max_rel_diff"] <= 1e-4, cell["numerics"]  # its own baseline moved with it
+        result.stdout.fnmatch_lines(["numerics vs the base: 3 of 3 passing smoke cell(s) compared changed",
+                                     "*llama3-dp2-eager: numerics changed vs the base*: largest relative change loss *"])
+        assert result.ret == pytest.ExitCode.OK
+        strict, _ = run_smoke(pytester, f"--simplefsdp-base={start}", f"--simplefsdp-torchtitan-repo={CHECKOUT}",
+                              "--simplefsdp-base-numerics=fail", "-k", "llama3-dp2-eager", timeout=2400)
+        strict.assert_outcomes(failed=1)
+        strict.stdout.fnmatch_lines(["*llama3-dp2-eager*new*numerics changed vs the base*"])
+    finally:
+        subprocess.run([*GIT, "-C", str(CHECKOUT), "checkout", "-qf", head], check=True)
+        subprocess.run([*GIT, "-C", str(CHECKOUT), "branch", "-qD", "eps-demo-pr"], check=False)
 
 
 # --- from inside the checkout, as the README's gate runs (issue 45): the base, a twin's other side and each bisection

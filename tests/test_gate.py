@@ -115,6 +115,59 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     assert list((pytester.path / ".simplefsdp" / "envs").glob(f"torchtitan-{base}-*")) == envs  # kept, not rebuilt
 
 
+SMOKE_NUMERICS = """\
+smoke:
+  - {mode: pass}
+numerics:
+  global_batch_size: 8
+  baseline: {mode: pass}
+  lanes:
+    - name: exact
+"""
+
+
+def test_a_pr_that_moves_every_layout_alike_is_reported_as_numerics_changed_vs_the_base(run_matrix, pytester,
+                                                                                        titan_repo):
+    """The PR shifts the losses of every cell alike (`pass shift`: its baseline is itself, so a cell-vs-baseline check
+    sees nothing): the passing smoke cell, run once more on the base, shows the change and its size. ``report`` (the
+    default) passes the gate and says so; ``fail`` fails it as new; ``off`` runs nothing on the base; a PR that
+    changes nothing is compared and found bit for bit the same."""
+    repo, base = titan_repo
+    says = pytester.path / "pr-says.txt"
+    says.write_text("pass shift\n")
+    text = pr_matrix(says, ["pass"]) + SMOKE_NUMERICS
+    out, md = pytester.path / "run.json", pytester.path / "status.md"
+    common = ("--simplefsdp-base", f"--simplefsdp-torchtitan-repo={repo}", f"--simplefsdp-json={out}")
+    reported = run_matrix(text, *common, f"--simplefsdp-status-md={md}")
+    reported.assert_outcomes(passed=1)
+    cell = cells_of(out)["pass-r2"]
+    assert cell["base_numerics"]["changed"] is True and cell["base_numerics"]["beyond"] is True
+    assert cell["base_numerics"]["size"]["loss"] == pytest.approx(3e-4, rel=1e-3)  # step 3: 10/3 + 1e-3
+    assert cell["base_numerics"]["commit"] == base and "/base-numerics-" in cell["base_numerics"]["folder"]
+    reported.stdout.fnmatch_lines(["numerics vs the base: 1 of 1 passing smoke cell(s) compared changed",
+                                   f"  fake::pass-r2: numerics changed vs the base *{base}*: largest relative change "
+                                   "loss 3.00e-04; beyond the cell's tolerance (lane exact)"])
+    assert "**numerics vs the base: 1 of 1" in md.read_text()
+    assert json.loads(out.read_text())["gate"]["numerics"]["compared"] == 1
+    failed = run_matrix(text, *common, "--simplefsdp-base-numerics=fail")
+    failed.assert_outcomes(failed=1)
+    cell = cells_of(out)["pass-r2"]
+    assert (cell["gate"], cell["failure_class"]) == ("new", "numerics"), cell
+    failed.stdout.fnmatch_lines(["*PR gate against base*: 1 new*", "*fake::pass-r2*new*numerics changed vs the base*"])
+    off = run_matrix(text, *common, "--simplefsdp-base-numerics=off")
+    off.assert_outcomes(passed=1)
+    assert cells_of(out)["pass-r2"].get("base_numerics") is None
+    says.write_text("")  # a PR that leaves the numerics alone
+    same = run_matrix(text, *common)
+    same.assert_outcomes(passed=1)
+    assert cells_of(out)["pass-r2"]["base_numerics"]["changed"] is False
+    same.stdout.fnmatch_lines(["numerics vs the base: 0 of 1 passing smoke cell(s) compared changed (bit for bit the "
+                               "same)"])
+    bad = run_matrix(text, *common, "--simplefsdp-base-numerics=always")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--simplefsdp-base-numerics: unknown value 'always'; known: report, fail, off*"])
+
+
 def test_a_bad_base_is_a_usage_error_before_any_cell(run_matrix, pytester, titan_repo):
     repo, _ = titan_repo
     says = pytester.path / "pr-says.txt"

@@ -173,7 +173,10 @@ def test_a_quiet_layout_gets_its_own_tolerance_from_its_measured_noise(run_matri
     (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-5"))  # as noisy as the bug: within 5x
     run_matrix(text).assert_outcomes(passed=2)
     (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-6", "{torch: 2.15.0}"))
-    run_matrix(text).assert_outcomes(passed=2)  # measured on another torch: the lane's tolerance
+    other = run_matrix(text)
+    other.assert_outcomes(passed=2)  # measured on another torch: the lane's tolerance, and the summary says why
+    other.stdout.fnmatch_lines(["*1 cell judged by their lane, not their layout's noise: measured on torch 2.15.0; "
+                                "this run: torch 2.14.1*"])
 
 
 def test_a_bad_noise_file_is_named_with_its_line(run_matrix, pytester):
@@ -183,3 +186,53 @@ def test_a_bad_noise_file_is_named_with_its_line(run_matrix, pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*fake.noise.yaml:5: layout 'perturb-r2': a mapping of loss, grad_norm, "
                                  "update_norm to numbers >= 0*"])
+
+
+SPR = {"aten": "AVX512", "mkl": "AUTO", "onednn": "ALL", "threads": "1", "model": "Intel(R) Xeon(R) Platinum 8481C",
+       "caches": {"L1": "48K", "L2": "2048K"}, "flags": ["amx_bf16", "avx2", "avx512_bf16", "avx512f", "fma"]}
+
+
+def test_a_noise_file_holds_only_on_the_machine_it_was_measured_on(tmp_path):
+    """Issue 45: a noise file measured on one machine was applied on all, and two quiet layouts failed on an AVX-512
+    Xeon at the 1e-6 floor. The file names its machine (what picks the CPU kernels: ATen's ISA, MKL's branch, oneDNN's
+    cap, threads, the CPU's model, flags and caches); elsewhere the lane judges, and the report says why."""
+    from pytest_simplefsdp.judge.numerics import narrowed, noise_applies, numerics_key
+    from pytest_simplefsdp.spec.matrix import Noise
+
+    key = numerics_key(SPR)
+    assert numerics_key(key) == key  # a noise file keeps the key as written: read back, it is the same key
+    noise = Noise(tmp_path / "n.yaml", 5.0, 1e-6, {"torch": "2.14.1", "machine": key}, {"c": {"loss": 0.0}})
+    lane, ran = Lane("close", [{}], rtol=2e-4, atol=1e-5), {"torch": "2.14.1+cpu"}
+    assert noise_applies(noise, ran, SPR) is None
+    assert narrowed(lane, noise, "c", ran, SPR).rtol == 1e-6  # bitwise where measured: the floor
+    no_amx = {**SPR, "flags": ["avx2", "avx512_bf16", "avx512f", "fma"], "model": "Intel(R) Xeon(R) Gold 6338"}
+    why = noise_applies(noise, ran, no_amx)
+    assert why.startswith("this run's CPU numerics differ from the machine measured: model 'Intel(R) Xeon(R) Gold "
+                          "6338' (measured: 'Intel(R) Xeon(R) Platinum 8481C'); flags ") and "amx_bf16" in why
+    assert narrowed(lane, noise, "c", ran, no_amx) is lane  # elsewhere: the lane's own tolerance
+    capped = {**SPR, "onednn": "AVX512_CORE_BF16"}  # another oneDNN ISA on the same CPU: other bf16 bits
+    assert "onednn 'AVX512_CORE_BF16' (measured: 'ALL')" in noise_applies(noise, ran, capped)
+    assert "ranks did not record their machine (they disagree)" in noise_applies(noise, ran, {"ranks": {"0": SPR}})
+    assert "torch 2.15.0" in noise_applies(noise, {"torch": "2.15.0"}, SPR)
+    unnamed = Noise(tmp_path / "old.yaml", 5.0, 1e-6, {"torch": "2.14.1"}, {"c": {"loss": 0.0}})
+    assert "old.yaml does not name the machine it was measured on" in noise_applies(unnamed, ran, SPR)
+    assert noise_applies(unnamed, ran, {}) is None  # a target whose ranks run no torch kernels (the fakes)
+
+
+def test_a_kept_baseline_is_keyed_by_what_picks_the_hosts_cpu_kernels(monkeypatch, tmp_path):
+    """A baseline kept under another oneDNN cap (or on another CPU, where the reuse folder is shared) has other bits:
+    a job that leaves the kernels' choice to the host is keyed by it."""
+    from pytest_simplefsdp.store import reuse
+    from pytest_simplefsdp.targets.base import RankCommand
+
+    command = RankCommand(["python", "-m", "x"], {"OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    first = reuse.content_key(command, tmp_path / "skip")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert reuse.content_key(command, tmp_path / "skip") != first
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # the job sets it itself: the host's value changes nothing
+    capped = reuse.content_key(command, tmp_path / "skip")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert reuse.content_key(command, tmp_path / "skip") == capped
+    monkeypatch.setattr(reuse, "cpu_flags", lambda: ["avx2"])
+    assert reuse.content_key(command, tmp_path / "skip") != capped

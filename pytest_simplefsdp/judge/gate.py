@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..kinds import GateClass, Status
 from .known import signature
+from .numerics import compare, compare_params
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,29 @@ def classify(result, base_runs: list, base: Base) -> tuple[GateClass, str, dict]
     record = base_record(base_runs, base)
     mine = result.signature or signature(result.error_text or result.error_line)
     return (*gate_class(mine, result.flaky, result.verdict, record), record)
+
+
+def numerics_vs_base(mine, theirs, lane, base: Base) -> dict:
+    """A passing cell (``mine``: its losses and per-parameter records, run.baselines.param_stats) against the same
+    cell on the PR's base (``theirs``), both as {"losses", "stats"}: the largest relative change of its losses and of
+    every parameter's gradient, update and parameter norms (any step), how many loaded weights differ, and whether
+    the change is beyond the cell's own tolerance (``lane``, as its baseline comparison narrows it). A PR that moves
+    every layout alike passes every cell-vs-baseline check, where both sides move: only this shows it."""
+    loss_ok, losses = compare(mine["losses"], theirs["losses"], lane)
+    params_ok, params = compare_params(mine["stats"], theirs["stats"], lane)
+    params_ok = params_ok or not (mine["stats"] or theirs["stats"])  # a target whose ranks record no parameters
+    size = {"loss": losses["max_rel_diff"]}
+    for kind in ("grad_norm", "update_norm", "param_norm"):
+        size[kind] = max(params["max_rel_diff"].get(kind, {}).values(), default=0.0)
+    weights = params.get("weights_differing", 0)
+    changed = bool(weights or any(size.values()) or losses.get("extra_steps"))
+    beyond = changed and not (loss_ok and params_ok)
+    line = None
+    if changed:
+        moved = ", ".join(f"{k.replace('_', ' ')} {v:.2e}" for k, v in size.items() if v)
+        line = (f"numerics changed vs the base {base.name()}: largest relative change {moved or 'none'}"
+                + (f", {weights} loaded weight(s) differ" if weights else "")
+                + (f"; beyond the cell's tolerance (lane {lane.name})" if beyond
+                   else f"; within the cell's tolerance (lane {lane.name})"))
+    return {**base.about(), "changed": changed, "beyond": beyond, "size": size, "weights_differing": weights,
+            "line": line}

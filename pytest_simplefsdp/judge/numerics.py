@@ -77,13 +77,48 @@ def tolerance(kind, lane: Lane):
     return (*grad, lane.grad_steps)
 
 
-def narrowed(lane: Lane, noise, cell_id, versions) -> Lane:
-    """The lane as it judges one cell: where the profile's noise file measured this layout on the versions the cell
-    runs, each relative tolerance (loss, gradient norms, update norms) is ``margin`` times the layout's own noise, at
-    least ``floor``, at most the lane's: a quiet layout gets no headroom sized for the noisiest of its lane."""
-    row = noise.layouts.get(cell_id) if noise is not None else None
+NUMERICS_FIELDS = ("aten", "mkl", "onednn", "threads", "model", "caches", "flags")  # shim.provenance.numerics_machine
+
+
+def numerics_key(machine: dict | None) -> dict | None:
+    """What of a run's machine decides its CPU bits (shim.provenance.numerics_machine): the kernels' ISA, MKL's
+    branch, oneDNN's cap, the threads, and the CPU (model, vector flags, caches), which MKL's AUTO branch and oneDNN
+    follow. None: not known (nothing recorded, or ranks that disagree)."""
+    if not machine or "ranks" in machine:
+        return None
+    return {k: (" ".join(v) if isinstance(v, list) else json.dumps(v, sort_keys=True) if isinstance(v, dict)
+                else str(v)) for k in NUMERICS_FIELDS if (v := machine.get(k)) is not None}
+
+
+def noise_applies(noise, versions, machine) -> str | None:
+    """Why the noise file does not hold for a run (another torch or torchtitan, another machine's numerics, or one it
+    does not name), else None."""
     ran = {p: str(v).split("+")[0] for p, v in (versions or {}).items()}
-    if row is None or any(ran.get(p) != str(v) for p, v in noise.measured_on.items()):
+    pinned = {p: v for p, v in noise.measured_on.items() if p != "machine"}
+    other = [f"{p} {ran.get(p) or '(none)'}" for p, v in pinned.items() if ran.get(p) != str(v)]
+    if other:
+        return f"measured on {', '.join(f'{p} {v}' for p, v in pinned.items())}; this run: {', '.join(other)}"
+    theirs, mine = numerics_key(noise.measured_on.get("machine")), numerics_key(machine)
+    if theirs is None and mine is None and not machine:  # a target whose ranks run no torch kernels: no machine
+        return None
+    if theirs is None:
+        return f"{noise.path} does not name the machine it was measured on (measure it again: --format noise)"
+    if mine is None:
+        return "this run's ranks did not record their machine" + (" (they disagree)" if machine else "")
+    if theirs != mine:
+        differ = [f"{k} {mine.get(k)!r} (measured: {theirs.get(k)!r})" for k in NUMERICS_FIELDS
+                  if theirs.get(k) != mine.get(k)]
+        return f"this run's CPU numerics differ from the machine measured: {'; '.join(differ)}"
+    return None
+
+
+def narrowed(lane: Lane, noise, cell_id, versions, machine=None) -> Lane:
+    """The lane as it judges one cell: where the profile's noise file measured this layout on the versions and the
+    numerics machine (noise_applies) the cell runs, each relative tolerance (loss, gradient norms, update norms) is
+    ``margin`` times the layout's own noise, at least ``floor``, at most the lane's: a quiet layout gets no headroom
+    sized for the noisiest of its lane. Elsewhere the lane's own tolerances hold."""
+    row = noise.layouts.get(cell_id) if noise is not None else None
+    if row is None or noise_applies(noise, versions, machine):
         return lane
     def tight(kind, lane_rtol):
         return min(lane_rtol, max(noise.margin * row.get(kind, math.inf), noise.floor))

@@ -26,17 +26,28 @@ class Expected:
     installed: dict = field(default_factory=dict)
 
 
-def read(log_dir) -> dict:
-    """rank -> {package: identity} of what it imported (ranks that recorded nothing are absent)."""
+def read(log_dir, section="imported") -> dict:
+    """rank -> its record's ``section``: ``imported`` ({package: identity}), ``machine`` (what decides a CPU rank's
+    bits); ranks that recorded nothing are absent."""
     out = {}
     for path in sorted(probe_folder(log_dir).glob("rank*.json")):
         try:
-            imported = json.loads(path.read_text()).get("imported")
+            found = json.loads(path.read_text()).get(section)
         except (OSError, ValueError):
             continue
-        if imported:
-            out[int(path.stem[4:])] = imported
+        if found:
+            out[int(path.stem[4:])] = found
     return out
+
+
+def machine(log_dir) -> dict:
+    """What decided the ranks' bits (shim.provenance.numerics_machine), where every rank that recorded it agrees;
+    else {"ranks": {rank: fingerprint}}, which matches no noise file."""
+    seen = read(log_dir, "machine")
+    distinct = {json.dumps(v, sort_keys=True) for v in seen.values()}
+    if len(distinct) <= 1:
+        return next(iter(seen.values()), {})
+    return {"ranks": {str(r): v for r, v in seen.items()}}
 
 
 def summary(records: dict) -> dict:

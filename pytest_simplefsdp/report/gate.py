@@ -39,7 +39,34 @@ def gate(doc: dict) -> dict | None:
                                  "verdict": rec.get("verdict", "")})
     failures.sort(key=lambda f: (ORDER.index(GateClass(f["class"])), f["cell"]))
     counts = {str(c): sum(1 for f in failures if f["class"] == c) for c in ORDER}
-    return {"base": base, "counts": counts, "failures": failures}
+    return {"base": base, "counts": counts, "failures": failures, "numerics": numerics(doc)}
+
+
+def numerics(doc: dict) -> dict:
+    """--simplefsdp-base-numerics: {compared, changed: [{cell, line, beyond, size}]} of the passing smoke cells run
+    on the base too (the cells that failed under ``fail`` included: they changed)."""
+    compared, changed = 0, []
+    for run_doc in doc["runs"]:
+        for rec in run_doc["cells"]:
+            other = rec.get("base_numerics")
+            if not other or rec.get("type", RecordType.CELL) != RecordType.CELL:
+                continue
+            compared += other.get("changed") is not None
+            if other.get("changed") is not False:
+                changed.append({"cell": f"{run_doc['meta']['profile']}::{rec['id']}", "line": other.get("line"),
+                                "beyond": bool(other.get("beyond")), "size": other.get("size") or {}})
+    return {"compared": compared, "changed": changed}
+
+
+def numerics_lines(g: dict) -> list[str]:
+    """The gate's numerics paragraph: how many smoke cells were compared with the base, each that changed."""
+    n = g.get("numerics") or {}
+    if not n.get("compared") and not n.get("changed"):
+        return []
+    moved = [c for c in n["changed"] if c["size"]]
+    head = (f"numerics vs the base: {len(moved)} of {n['compared']} passing smoke cell(s) compared changed"
+            + ("" if moved else " (bit for bit the same)"))
+    return [head] + [f"  {c['cell']}: {c['line']}" for c in n["changed"]]
 
 
 def headline(g: dict) -> str:
@@ -65,4 +92,7 @@ def markdown(g: dict) -> list[str]:
         lines += ["", "| cell | class | signature here | on the base |", "|---|---|---|---|"]
         lines += [f"| `{f['cell']}` | {f['class']} | `{short(f['here']).replace('|', '/')}` | "
                   f"{short(f['base']).replace('|', '/')} |" for f in g["failures"]]
+    extra = numerics_lines(g)
+    if extra:
+        lines += ["", f"**{extra[0]}**", ""] + [f"- {line.strip()}" for line in extra[1:]]
     return lines + [""]

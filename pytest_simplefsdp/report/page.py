@@ -110,6 +110,9 @@ def _gate(doc):
     if pr["failures"]:
         out.append(tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"),
                             tablefmt="html"))
+    extra = gate.numerics_lines(pr)
+    if extra:
+        out.append(f"<p>{_e(extra[0])}</p><ul>" + "".join(f"<li>{_e(x.strip())}</li>" for x in extra[1:]) + "</ul>")
     return out
 
 

@@ -98,6 +98,11 @@ def _proofs(run, verbose):
             lines.append(f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise "
                          f"equal, {len(compared) - equal - off} within their tolerances"
                          + (f", {off} outside)" if off else ")"))
+            held = [rec["numerics"]["noise"] for rec in compared if str(rec["numerics"].get("noise", "")).startswith(
+                "not applied")]
+            if held:  # the noise file was measured elsewhere: these cells had their lane's wider tolerance
+                lines.append(f"    {plural(len(held), 'cell')} judged by their lane, not their layout's noise: "
+                             f"{held[0].removeprefix('not applied: ')}")
         if checked:
             checks = [e["ok"] for rec in checked for e in rec["evidence"]]
             lines.append(f"evidence: {plural(len(checked), 'cell')} checked against their labels ({sum(checks)} of "

@@ -116,7 +116,10 @@ def main(argv=None):
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     elif args.format == "noise":
-        sys.stdout.write(noise.render(doc))
+        try:
+            sys.stdout.write(noise.render(doc))
+        except ValueError as e:
+            raise SystemExit(f"--format noise: {e}") from None
     else:  # byte for byte what --simplefsdp-status-md wrote for the same run, known failures and folder
         sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc, args.verbose) + "\n")
     if old is not None and args.format == "text":

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ..judge.invariants import stats_of as update_stats
-from ..judge.numerics import (compare, compare_params, lane_for, mismatch_line, narrowed, param_line,
+from ..judge.numerics import (compare, compare_params, lane_for, mismatch_line, narrowed, noise_applies, param_line,
                               read_param_stats)
 from ..judge.results import CellResult
 from ..kinds import FailureClass, RecordType, Status
@@ -253,13 +253,21 @@ class Book:
 
     # --- the comparison -----------------------------------------------------------------------------
 
+    @staticmethod
+    def lane_of(run, cell, result):
+        """The cell's numerics lane as it judges this run: narrowed to the layout's own noise where the noise file
+        holds for the run's versions and machine (a confirming rerun, `<cell>/confirm2`, is judged as its cell)."""
+        lane = lane_for(run.matrix.numerics.lanes, cell.axes) if run.matrix.numerics else None
+        if lane is None:
+            return None
+        return narrowed(lane, run.matrix.numerics.noise, cell.id.split("/")[0], result.versions, result.machine)
+
     def check(self, run, cell, result):
         """Compare a green cell with its baseline in its numerics lane; a mismatch fails it as numerics."""
-        lane = lane_for(run.matrix.numerics.lanes, cell.axes)
+        lane = self.lane_of(run, cell, result)
         if lane is None or result.status != Status.PASSED:
             return
-        # (a confirming rerun, `<cell>/confirm2`, is judged as its cell)
-        lane = narrowed(lane, run.matrix.numerics.noise, cell.id.split("/")[0], result.versions)
+        noise = run.matrix.numerics.noise
         base = self.baseline_for(run, cell, result)
         if isinstance(base, Unavailable):  # not the cell's failure: infra, naming the job that failed
             result.fail(FailureClass.INFRA, base.reason)
@@ -267,6 +275,10 @@ class Book:
             return
         ok, rep = compare(result.losses, base.losses, lane)
         rep["baseline"] = base.id
+        held = noise and cell.id.split("/")[0] in noise.layouts and noise_applies(noise, result.versions,
+                                                                                  result.machine)
+        if held:  # the layout's noise was measured, but not where it ran: its lane judged it, and it says why
+            rep["noise"] = f"not applied: {held}"
         result.numerics = rep
         line = None if ok else mismatch_line(rep, base.id)
         stats = param_stats(result.log_dir)

@@ -147,7 +147,7 @@ class CellRunner:
         infra naming both (its own outcome is no verdict on the set), as is a passing one that cannot show what it
         imported; the installed side says where its ranks' imports are not the installed distribution."""
         records = provenance.read(spec.log_dir)
-        result.imported = provenance.summary(records)
+        result.imported, result.machine = provenance.summary(records), provenance.machine(spec.log_dir)
         expected = self.sets.expected(run, vset)
         wrong = provenance.mismatch(records, expected)
         if wrong is None and result.status == Status.PASSED and not vset.installed:

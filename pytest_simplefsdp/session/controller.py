@@ -19,6 +19,9 @@ from ..run.progress import Progress, duration, estimate, stored_walls
 from ..options import settings
 from ..run.schedule import Packer
 from ..spec.cells import named_by
+from ..spec.paths import select
+from ..words import plural
+from ..yamlio import MatrixError
 from .bisecting import Bisector
 from .items import CellItem, MatrixCollector
 from .reporting import Reporter
@@ -49,6 +52,7 @@ class Controller:
         self.progress = None
         self.shown = set()  # cells whose progress line was written
         self.keys, self.ticker = {}, None  # node id -> cell key; the running cell's line
+        self.change_lines = []  # --simplefsdp-changed: what the change reaches, said after collection
         self.reporter = Reporter(state, self.verbose)
 
     # --- collection ---------------------------------------------------------------------------------
@@ -66,7 +70,38 @@ class Controller:
                 keep = [i for i in cells if named_by(run.matrix, i.cell) & named]
                 config.hook.pytest_deselected(items=[i for i in cells if i not in keep])
                 cells = keep
+            if self.session.changed is not None:
+                cells = self.reached(run, cells, config)
             items.extend(cells)
+
+    def reached(self, run, cells, config):
+        """--simplefsdp-changed: the cells the checkout's changes can reach (spec.paths, the target's map); the rest
+        deselected, and said: which files, what each reaches, how many cells were left out."""
+        changed = self.session.changed
+        try:
+            rules = run.target.path_rules()
+        except MatrixError as e:
+            raise pytest.UsageError(f"--simplefsdp-changed: {e}") from None
+        if rules is None:
+            raise pytest.UsageError(f"--simplefsdp-changed: target {run.target.name!r} of {run.name} has no map of "
+                                    f"torchtitan paths (matrix/paths/<target>.yaml)")
+        selection = select(rules, changed.files)
+        keep = [i for i in cells if selection.reaches(i.cell.axes)]
+        left = [i for i in cells if i not in keep]
+        config.hook.pytest_deselected(items=left)
+        why = selection.why()
+        self.session.selections[run.name] = {**changed.about(), "files": why, "selected": len(keep),
+                                             "left_out": [i.cell.id for i in left]}
+        self.change_lines.append(f"simplefsdp: --simplefsdp-changed: {plural(len(why), 'file')} changed since "
+                                 f"{changed.ref} ({changed.commit}) reach {len(keep)} of {len(cells)} cells of "
+                                 f"{run.name}; {len(left)} left out")
+        self.change_lines += [f"    {path}: {what}" for path, what in list(why.items())[:12]]
+        if len(why) > 12:
+            self.change_lines.append(f"    ... and {len(why) - 12} more (the JSON's meta.changed lists them all)")
+        return keep
+
+    def pytest_report_collectionfinish(self, config, start_path, items):
+        return self.change_lines  # (after pytest's "collected N items / M deselected")
 
     def pytest_report_header(self, config):
         state = self.session
@@ -176,6 +211,9 @@ class Controller:
                 and not self.config.option.collectonly:
             self.reporter.bisections = Bisector(state).run(state.store.records, self.reporter.selected)
         self.reporter.incidents, self.reporter.leftover_lines = state.close()
+        if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and state.selections \
+                and not any(sel["selected"] for sel in state.selections.values()):
+            session.exitstatus = pytest.ExitCode.OK  # a change no cell can reach (docs, tests): nothing to gate
         if self.reporter.leftover_lines:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.update_known_failures and not self.settings.dry_run and self.worker is None:

@@ -108,6 +108,8 @@ class Reporter:
                                    tablefmt="simple"))
         tr.write_line("only new failures fail the gate; " + "; ".join(f"{c}: {m}" for c, m in gate.MEANING.items()
                                                                        if c != GateClass.NEW))
+        for line in gate.numerics_lines(pr):
+            tr.write_line(line)
 
     def twin_section(self, tr, doc):
         """--simplefsdp-twin: the cells whose verdict, signature or numerics differ between the two version sets."""

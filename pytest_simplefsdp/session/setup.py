@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,40 @@ def resolve_base(config, s):
         raise pytest.UsageError(f"--simplefsdp-base={s.base}: {commit} is the commit the installed torchtitan runs "
                                 f"(nothing to compare with); name the PR's base")
     return Base(ref, commit, str(repo))
+
+
+@dataclass(frozen=True)
+class Changed:
+    """--simplefsdp-changed: the files of the torchtitan checkout changed since a commit (spec.paths maps them)."""
+
+    ref: str
+    commit: str
+    repo: str
+    files: tuple
+
+    def about(self) -> dict:
+        return {"ref": self.ref, "commit": self.commit, "repo": self.repo}
+
+
+def resolve_changed(s, base) -> Changed | None:
+    """--simplefsdp-changed: what changed in the checkout since REF (bare: the PR's base, else the merge base of
+    HEAD with main): ``git diff --name-only`` against the working tree, and files git does not track yet."""
+    if not s.changed:
+        return None
+    repo = s.torchtitan_repo
+    if repo is None:
+        raise pytest.UsageError(f"--simplefsdp-changed={s.changed}: no torchtitan git checkout to diff (run in your "
+                                f"torchtitan checkout or name it with --simplefsdp-torchtitan-repo=PATH)")
+    try:
+        if s.changed == MERGE_BASE:
+            ref, commit = (base.ref, base.commit) if base is not None else merge_base(repo)
+        else:
+            ref, commit = s.changed, short_sha(repo, s.changed)
+        files = git(repo, "diff", "--name-only", commit).splitlines()
+        files += git(repo, "ls-files", "--others", "--exclude-standard").splitlines()
+    except GitError as e:
+        raise pytest.UsageError(f"--simplefsdp-changed={s.changed}: {e}") from None
+    return Changed(ref, commit, str(repo), tuple(sorted(set(filter(None, files)))))
 
 
 def cell_arguments(config):

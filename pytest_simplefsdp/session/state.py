@@ -15,14 +15,14 @@ import pytest
 
 from ..judge import mutants
 from ..judge.decision import confirm_record, decide, record_decision
-from ..judge.gate import base_record
+from ..judge.gate import base_record, numerics_vs_base
 from ..judge.results import CellResult
 from ..judge.verdict import Verdict
 from ..kinds import FailureClass, GateClass, KnownKind, RecordType, Status
 from ..launch.procs import kill_procs, session_leftovers
 from ..options import settings
 from ..paths import output_root
-from ..run.baselines import Book, Unavailable
+from ..run.baselines import Book, Unavailable, param_stats
 from ..run.runner import CellRunner
 from ..store.results import ResultStore
 from ..versions.envs import Environments
@@ -51,6 +51,8 @@ class MatrixSession:
                 raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
         self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
         self.base = None if s.dry_run else setup.resolve_base(config, s)  # --simplefsdp-base: judge.gate.Base
+        self.changed = setup.resolve_changed(s, self.base)  # --simplefsdp-changed: setup.Changed
+        self.selections = {}  # run name -> {ref, commit, files: {path: what it reaches}, selected, left_out}
         self.envs = Environments(self.cache_dir / "envs", s.fresh, s.torchtitan_repo)  # one per version set
         self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks, self.envs)
         self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
@@ -68,6 +70,7 @@ class MatrixSession:
         about = {**(self.known.about() if self.known else {}), **({"base": self.base.about()} if self.base else {})}
         self.store = ResultStore(self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name,
                                  config.hook, config, about=about)
+        self.store.selections = self.selections
         self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
         self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
         self.phases = {}  # cell key -> [(what it waits for now, since)]: the progress line names it
@@ -114,8 +117,8 @@ class MatrixSession:
         stack = self.phases.get(key)
         return (" > ".join(what for what, _ in stack), stack[-1][1]) if stack else None
 
-    def run_and_check(self, run, cell, devices=None) -> CellResult:
-        """Run a cell and, where the matrix asks for it, compare it with its baseline."""
+    def run_and_check(self, run, cell, devices=None, check=True) -> CellResult:
+        """Run a cell and, where the matrix asks for it (and ``check``), compare it with its baseline."""
         reused = self.book.reused(run, cell)
         if reused is not None:  # it already ran as a baseline
             return reused
@@ -126,7 +129,7 @@ class MatrixSession:
                               world=cell.world, error_line=seed.reason, error_text=seed.reason,
                               culprit=seed.culprit or None)
         result = self.runner.run(run, cell, devices, seed=seed)
-        if run.matrix.numerics:
+        if run.matrix.numerics and check:
             with self.phase(run, cell, "its baseline"):  # (the comparison itself is instant)
                 self.book.check(run, cell, result)
         return result
@@ -146,8 +149,38 @@ class MatrixSession:
                 result.base = self.against_base(run, cell, result, entries)
         d = decide(result, entries, self.settings.gate, self.settings.update_known_failures, result.confirm,
                    result.base, gated=self.base is not None)
+        if d.status == Status.PASSED and self.base is not None and cell.smoke and result.status == Status.PASSED \
+                and self.settings.base_numerics != "off":
+            if self.numerics_against_base(run, cell, result):  # --simplefsdp-base-numerics=fail, and it moved
+                d = decide(result, entries, self.settings.gate, self.settings.update_known_failures, None,
+                           result.base, gated=True)
         record_decision(result, d)
         return result, Verdict(d.status, d.entry, d.verdict, d.flaky)
+
+    def numerics_against_base(self, run, cell, result) -> bool:
+        """--simplefsdp-base-numerics: a passing smoke cell run once on the base (``<cell>/base-numerics-<set>-1/``,
+        not compared with a baseline there) and compared with it (``result.base_numerics``). Under ``fail``, a change
+        beyond the cell's tolerance fails the cell as numerics, with the base's passing run as its base record:
+        True where it did."""
+        lane = self.book.lane_of(run, cell, result)
+        if lane is None:  # a matrix without numerics: nothing to compare
+            return False
+        with self.phase(run, cell, f"a run on the base {self.base.name()} (numerics)"):
+            theirs = self.runs_on(run, cell, "torchtitan", "@" + self.base.commit, "base-numerics", runs=1,
+                                  check=False)[0]
+        if theirs.status != Status.PASSED:
+            result.base_numerics = {**self.base.about(), "changed": None, "folder": theirs.log_dir,
+                                    "line": f"not compared: the cell failed on the base {self.base.name()}: "
+                                            f"{theirs.error_line}"}
+            return False
+        record = numerics_vs_base({"losses": result.losses, "stats": param_stats(result.log_dir)},
+                                  {"losses": theirs.losses, "stats": param_stats(theirs.log_dir)}, lane, self.base)
+        result.base_numerics = {**record, "folder": theirs.log_dir}
+        if not (record["beyond"] and self.settings.base_numerics == "fail"):
+            return False
+        result.fail(FailureClass.NUMERICS, record["line"])
+        result.base = base_record([theirs], self.base)
+        return True
 
     def against_base(self, run, cell, result, entries) -> dict:
         """--simplefsdp-base: a new failure run again on the base's torchtitan (--simplefsdp-confirm runs, each in
@@ -160,14 +193,14 @@ class MatrixSession:
                 runs = self.runs_on(run, cell, "torchtitan", "@" + self.base.commit, "base")
         return base_record(runs, self.base)
 
-    def runs_on(self, run, cell, package, version, purpose) -> list[CellResult]:
-        """The cell with one package pinned (its version set's environment), --simplefsdp-confirm times, each
-        judged as any cell (baseline of that set included), in ``<cell>/<purpose>-<set>-<N>/``: a bisection's
-        probe, a PR's base."""
+    def runs_on(self, run, cell, package, version, purpose, runs=None, check=True) -> list[CellResult]:
+        """The cell with one package pinned (its version set's environment), ``runs`` (--simplefsdp-confirm) times,
+        each judged as any cell (baseline of that set included, unless not ``check``), in
+        ``<cell>/<purpose>-<set>-<N>/``: a bisection's probe, a PR's base."""
         vset = cell_set(cell.axes).with_pin(package, version)
         return [self.run_and_check(run, dataclasses.replace(cell, id=f"{cell.id}/{purpose}-{vset.slug()}-{n}",
-                                                            axes={**cell.axes, "versions": vset.label()}))
-                for n in range(1, self.settings.confirm + 1)]
+                                                            axes={**cell.axes, "versions": vset.label()}), check=check)
+                for n in range(1, (runs or self.settings.confirm) + 1)]
 
     def confirm(self, run, cell, result):
         """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it

@@ -1,7 +1,9 @@
 """What a rank imported, recorded as it imports it (it changes nothing): for each package the launch asks it to
 prove (``SIMPLEFSDP_PROVES=torch,torchtitan``), the folder it was imported from, its version, and for the code
 under test (torchtitan) the commit it came from (its git checkout's ``HEAD``, else the commit pip or uv installed it
-from) and a content hash of its ``.py`` files. Section ``imported`` of ``rank<R>.json``; judge.provenance reads it.
+from) and a content hash of its ``.py`` files: section ``imported`` of ``rank<R>.json``. With torch, what decides a
+CPU rank's bits: section ``machine`` (the kernels' ISA, MKL's code branch, threads, the CPU's vector flags).
+judge.provenance reads both.
 
 A fork server imports before it forks: what it found is kept and written by each forked rank (``after_fork``).
 Standard library only: this runs in the ranks of any environment."""
@@ -13,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from . import record
 from .hooks import after_import
@@ -77,9 +80,61 @@ def identity(name, module) -> dict:
     return out
 
 
+NUMERICS_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")  # what picks CPU kernels
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512", "amx", "avx_vnni")  # what AUTO dispatch follows
+
+
+def cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((x for x in f if x.startswith("flags")), "")
+    except OSError:
+        return []
+    return sorted(f for f in line.partition(":")[2].split() if f.startswith(VECTOR_FLAGS))
+
+
+def cpu_model() -> tuple[str, dict]:
+    """The CPU's model name and its per-core caches (L1d, L2: oneDNN sizes its blocks, so its summation order, by
+    them)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((x.partition(":")[2].strip() for x in f if x.startswith("model name")), "")
+    except OSError:
+        model = ""
+    caches = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / n).read_text().strip() for n in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction" and level in ("1", "2"):
+            caches[f"L{level}"] = size
+    return model, caches
+
+
+def numerics_machine(torch) -> dict:
+    """What decides a CPU rank's bits besides its code and data: the ISA of ATen's kernels (the CPU's, or
+    ATEN_CPU_CAPABILITY's), MKL's code branch (MKL_CBWR; AUTO follows the CPU), oneDNN's ISA cap, the intra-op
+    threads, the CPU's model, vector flags and caches. Read from the environment, cpuinfo and sysfs: nothing here
+    starts a thread pool (a fork server forks after it)."""
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - an older torch: the field is left out, never the rank
+        capability = None
+    model, caches = cpu_model()
+    return {"aten": capability, "mkl": os.environ.get("MKL_CBWR", "AUTO"),
+            "onednn": os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL"), "threads": os.environ.get("OMP_NUM_THREADS", ""),
+            "model": model, "caches": caches, "flags": cpu_flags()}
+
+
+MACHINE = {}
+
+
 def _found(name):
     def seen(module):
         FOUND[name] = identity(name, module)
+        if name == "torch":
+            MACHINE.update(numerics_machine(module))
         write()
 
     return seen
@@ -89,6 +144,8 @@ def write():
     """This rank's record of what it imported so far (no record folder, as in a fork server: kept for its ranks)."""
     if FOUND:
         record.write("imported", {**FOUND, "python": sys.executable})
+    if MACHINE:
+        record.write("machine", MACHINE)
 
 
 def start(env=os.environ):

@@ -22,6 +22,7 @@ class ResultStore:
         self.pending = []  # records made since the last test report (they ride on the next one)
         self.records = []  # every record of the run, from the test reports: what the table and JSON show
         self.jsonl = None
+        self.selections = {}  # run name -> its --simplefsdp-changed selection (the session's, filled at collection)
 
     @property
     def path(self):
@@ -70,7 +71,8 @@ class ResultStore:
         os.fsync(self.jsonl.fileno())
 
     def meta(self, run):
-        return {**run.meta(self.launcher_of(run)), **self.about}
+        chosen = self.selections.get(run.name)  # --simplefsdp-changed: the cells the change reaches (set at collection)
+        return {**run.meta(self.launcher_of(run)), **self.about, **({"changed": chosen} if chosen else {})}
 
     def document(self):
         """The run as --simplefsdp-json writes it: per matrix file its meta, cells (in matrix order),

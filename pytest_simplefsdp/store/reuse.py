@@ -1,7 +1,7 @@
 """Seed checkpoints and numerics baselines kept across runs (the numerics step's store, used by baselines.Book).
 
 A job's content key is a hash over everything its result depends on: the torch and torchtitan versions and
-git revisions, the installed torchtitan's code (a checkout's edits), the job's command (arguments and environment, with the run's own folders written as
+git revisions, the installed torchtitan's code (a checkout's edits), what picks the host's CPU kernels, the job's command (arguments and environment, with the run's own folders written as
 placeholders), and the bytes of every file the command names (the shim and config modules on its
 PYTHONPATH, the tokenizer and dataset, a config TOML). Each kept job is a folder named by its key under
 ``.simplefsdp/reuse/`` (beside ``.simplefsdp/runs/``): a later run with the same key uses it instead of
@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from ..machine import code_identity, machine, versions
+from ..shim.provenance import NUMERICS_ENV, cpu_flags
 
 DONE = "reuse.json"  # written last: a folder without it is a job that did not finish (never used)
 HASH_LIMIT = 256 * 2**20  # a named file bigger than this enters the key by size and mtime, not by its bytes
@@ -45,7 +46,10 @@ def content_key(command, skip: Path) -> str:
     # the installed torchtitan's own code where the job runs it (a version set's environment is fixed by its pins):
     # an edited checkout keeps its version and install commit, and a baseline of the code before the edit is stale
     code = None if command.env.get("SIMPLEFSDP_VERSIONS") else code_identity()
-    h.update(json.dumps({"argv": command.argv[1:], "env": command.env, "cwd": command.cwd, "code": code,
+    # and what picks the CPU kernels where the command leaves it to the host (its environment, its CPU's vector flags):
+    # a baseline kept on another CPU, or under another oneDNN cap, has other bits
+    host = {"env": {k: os.environ.get(k) for k in NUMERICS_ENV if k not in command.env}, "flags": cpu_flags()}
+    h.update(json.dumps({"argv": command.argv[1:], "env": command.env, "cwd": command.cwd, "code": code, "host": host,
                          "versions": versions(), "revisions": machine()["revisions"]}, sort_keys=True).encode())
     named = set()
     for token in [*command.argv[1:], *command.env.values()]:

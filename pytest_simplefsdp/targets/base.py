@@ -18,6 +18,7 @@ from ..judge.evidence import check
 from ..machine import TRAINERS, installed, source_checkout, torchtitan_trainers
 from ..paths import FIXTURES, SHIM_DIR
 from ..spec.matrix import Matrix, MatrixError
+from ..spec.paths import load_rules, map_file
 from ..spec.upstream import options, tokens
 from ..versions.sets import INSTALLED
 from .flags import Flag, OptionError, read_options, unchecked
@@ -97,9 +98,14 @@ class Target:
     MUTANTS: tuple = ()  # judge.mutants.Mutant: the bugs the target can re-inject (--simplefsdp-mutants)
     REQUIRES: tuple = ()  # what a version set's environment installs for it beyond the set's pins
     SUPPORTS: dict = {}  # package -> version range this target runs against (none: any)
+    PATHS = ""  # its map of torchtitan paths to the cells they reach: matrix/paths/<PATHS>.yaml (spec.paths)
 
     def __init__(self, matrix: Matrix):
         self.matrix = matrix
+
+    def path_rules(self):
+        """The rules of its path map (--simplefsdp-changed), or None where it has none."""
+        return load_rules(map_file(self.PATHS), getattr(self, "AXES", None) or None) if self.PATHS else None
 
     def check(self):
         pass

@@ -20,6 +20,7 @@ class Titan02(TorchtitanTarget):
     checked against the installed ``JobConfig``. Numerics are not wired for 0.2 (no seed checkpoint)."""
 
     name = "titan02"
+    PATHS = "titan02"
     WRITTEN_AS = "0.2.0"
     TRAINER = "simple_fsdp"
     TESTED = "torchtitan 0.2.0"

@@ -26,6 +26,7 @@ class Titan03(TorchtitanTarget):
     """
 
     name = "titan03"
+    PATHS = "titan03"
     WRITTEN_AS = "0.3.0"
     TRAINER = "graph_trainer"
     TESTED = "torchtitan 0.3.0 and main up to b5bcd76c6 (2026-08-21)"

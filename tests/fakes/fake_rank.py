@@ -28,7 +28,8 @@ Versions (a version set's environment, where "torch" may be a stand-in wheel): -
 A version set's rank imports the packages it pins (SIMPLEFSDP_PROVES), as a real rank imports torch and torchtitan.
 --torchtitan-says: where the environment's "torchtitan" (a stand-in package of a fake git checkout) has a file
 broken.txt, it decides the mode: a line `MODE` fails that mode as `fail` does, `MODE other` with another error,
-`MODE flaky` every second run; a mode it does not list passes. Without that file (the torchtitan pytest runs with:
+`MODE flaky` every second run, `MODE shift` passes with losses from step 2 off by --delta (numerics moved); a mode
+it does not list passes. Without that file (the torchtitan pytest runs with:
 the pull request's side), the file $FAKE_TORCHTITAN_SAYS decides, where it is set; else the mode acts as given.
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
 shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
@@ -80,10 +81,12 @@ def main():
     a = p.parse_args()
     for name in filter(None, os.environ.get("SIMPLEFSDP_PROVES", "").split(",")):  # what a version set pins: a real
         importlib.import_module(name)  # rank imports its torch and torchtitan, and the start-up shim records them
+    shift = False
     if a.torchtitan_says:
         said = torchtitan_says(a.mode)
         if said is not None:
-            a.mode = "pass" if said == "pass" or (said == "flaky" and not said_turn(a.mode)) else "fail"
+            shift = said == "shift"
+            a.mode = "pass" if said in ("pass", "shift") or (said == "flaky" and not said_turn(a.mode)) else "fail"
             if said == "other":
                 a.error = "ValueError: another fake error on the base"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -179,7 +182,7 @@ def main():
         loss = 10.0 / step
         if a.mode == "nan" and step >= 2:
             loss = float("nan")
-        if a.mode == "perturb" and step >= 2:
+        if (a.mode == "perturb" or shift) and step >= 2:
             loss += a.delta
         if mutant == "loss_shift" and step >= 2:
             loss += 0.5
