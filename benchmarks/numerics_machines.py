@@ -1,8 +1,9 @@
 """Whether a CPU cell's bits depend on the machine: a cell of a stored run (its folder's command.txt, the local
 launcher's form) run again on other CPUs, emulated by qemu's user mode (Debian's qemu-user: `qemu-x86_64 -cpu
 Haswell`, an AVX2 Intel; `-cpu EPYC-Rome`, an AVX2 AMD), or with what picks the CPU kernels set otherwise
-(ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA: another CPU's dispatch on this one), and compared bit for bit with the stored run: its losses (TensorBoard),
-every parameter's gradient norm and norm after the step, and every update norm. Prints one row per variant.
+(ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA: another CPU's dispatch on this one), and compared bit for
+bit with the stored run: its losses (TensorBoard), every parameter's gradient norm and norm after the step, and
+every update norm. Prints one row per variant.
 
     python benchmarks/numerics_machines.py .simplefsdp/runs/<run>/cpu/<cell> --cpu native --cpu Haswell \\
         --cpu EPYC-Rome [--numerics none ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16,MKL_CBWR=AVX512] [--out DIR]

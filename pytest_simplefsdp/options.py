@@ -320,7 +320,8 @@ OPTIONS = [
                                    "merge base of HEAD with main. Each failure is then new (passes on the base, or "
                                    "fails there differently), broken trunk (same signature on the base), flaky "
                                    "(runs disagree) or known (an entry); only new failures fail the run. Passing "
-                                   "cells are not run again, but smoke cells (--simplefsdp-base-numerics)", const=MERGE_BASE, metavar="REF"),
+                                   "cells are not run again, but smoke cells (--simplefsdp-base-numerics)",
+           const=MERGE_BASE, metavar="REF"),
     Option("base-numerics", "string", "report", "under --simplefsdp-base, each smoke cell that passes is also run "
                                                 "once on the base and compared with it (losses, every parameter's "
                                                 "gradient and update norms): report (the default) names the cells "

@@ -82,7 +82,7 @@ class CellResult:
     confirm: dict | None = None  # a new failure's confirming runs: {runs, passed, pass_rate, signatures}
     gate: GateClass | None = None  # under --simplefsdp-base, a failure's class against the base (new fails the gate)
     base: dict | None = None  # ... the cell on the base: {ref, commit, runs, passed, signatures, lines, folders}
-    base_numerics: dict | None = None  # a passing smoke cell against the same cell on the base: judge.gate.numerics_vs_base
+    base_numerics: dict | None = None  # a passing smoke cell against itself on the base (judge.gate.numerics_vs_base)
     numerics: dict | None = None  # the comparison with the baseline (see numerics.compare)
     trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure
