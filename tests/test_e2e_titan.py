@@ -19,6 +19,7 @@ import pytest
 
 from helpers import cells_of, marked, run_doc
 from pytest_simplefsdp.paths import MATRIX_DIR
+from pytest_simplefsdp.spec.matrix import load_matrix
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
 if not __import__("importlib.metadata").metadata.version("torchtitan").startswith("0.3."):
@@ -50,9 +51,14 @@ def test_smoke_tier_runs_real_cells(pytester):
     traced = cells["llama3-dp2-aot_fx_trace-mp_default"]["numerics"]
     assert (traced["lane"], traced["baseline"], traced["max_abs_diff"]) == ("exact", "llama3-dp2-eager", 0)
     ep = cells["deepseek_v3-dp2-ep2-eager"]["numerics"]
-    # judged by its own layout's measured noise (matrix/noise/cpu.yaml): 5x its 1.46e-5 gradient noise, not 2e-3
-    assert ep["lane"] == "close, layout noise x5" and ep["baseline"] == "baseline-deepseek_v3-dp2-eager"
-    assert ep["params"]["rtol"] == pytest.approx(7.3e-5)
+    # judged by its own layout's measured noise (matrix/noise/cpu.yaml: 5x its gradient noise, not 2e-3) on the
+    # machine the file names; elsewhere by its lane, and the record says why
+    assert ep["baseline"] == "baseline-deepseek_v3-dp2-eager"
+    noise = load_matrix(MATRIX_DIR / "cpu.yaml").numerics.noise.layouts["deepseek_v3-dp2-ep2-eager"]["grad_norm"]
+    if "noise" in ep:
+        assert ep["lane"] == "close" and ep["noise"].startswith("not applied: "), ep["noise"]
+    else:
+        assert ep["lane"] == "close, layout noise x5" and ep["params"]["rtol"] == pytest.approx(5 * noise)
     assert ep["max_rel_diff"] <= 1e-4
     # per parameter (the shim's grad probe): weights loaded alike, gradient and parameter norms within the lane
     for rep in (traced["params"], ep["params"]):
