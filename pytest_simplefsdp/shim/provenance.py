@@ -2,7 +2,8 @@
 prove (``SIMPLEFSDP_PROVES=torch,torchtitan``), the folder it was imported from, its version, and for the code
 under test (torchtitan) the commit it came from (its git checkout's ``HEAD``, else the commit pip or uv installed it
 from) and a content hash of its ``.py`` files: section ``imported`` of ``rank<R>.json``. With torch, what decides a
-CPU rank's bits: section ``machine`` (the kernels' ISA, MKL's code branch, threads, the CPU's vector flags).
+CPU rank's bits: section ``machine`` (the kernels' ISA, MKL's branch, oneDNN's cap, threads, the CPU's model,
+vector flags and caches).
 judge.provenance reads both.
 
 A fork server imports before it forks: what it found is kept and written by each forked rank (``after_fork``).
