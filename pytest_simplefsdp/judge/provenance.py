@@ -26,39 +26,35 @@ class Expected:
     installed: dict = field(default_factory=dict)
 
 
-def read(log_dir, section="imported") -> dict:
-    """rank -> its record's ``section``: ``imported`` ({package: identity}), ``machine`` (what decides a CPU rank's
-    bits); ranks that recorded nothing are absent."""
+def read(log_dir) -> dict:
+    """section -> rank -> that section of the rank's record, in one pass over the records: ``imported``
+    ({package: identity}), ``machine`` (what decides a CPU rank's bits); ranks that recorded nothing are absent."""
     out = {}
     for path in sorted(probe_folder(log_dir).glob("rank*.json")):
         try:
-            found = json.loads(path.read_text()).get(section)
+            record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if found:
-            out[int(path.stem[4:])] = found
+        for section in ("imported", "machine"):
+            if record.get(section):
+                out.setdefault(section, {})[int(path.stem[4:])] = record[section]
     return out
 
 
-def machine(log_dir) -> dict:
-    """What decided the ranks' bits (shim.provenance.numerics_machine), where every rank that recorded it agrees;
-    else {"ranks": {rank: fingerprint}}, which matches no noise file."""
-    seen = read(log_dir, "machine")
+def agreed(seen: dict, nothing=None):
+    """One value where every rank that recorded it agrees (rank -> value), else {"ranks": {rank: value}}, which
+    matches no identity or machine; ``nothing`` where none recorded it."""
     distinct = {json.dumps(v, sort_keys=True) for v in seen.values()}
     if len(distinct) <= 1:
-        return next(iter(seen.values()), {})
+        return next(iter(seen.values()), nothing)
     return {"ranks": {str(r): v for r, v in seen.items()}}
 
 
 def summary(records: dict) -> dict:
-    """package -> what the ranks imported: one identity where every rank that recorded it agrees, else
-    {"ranks": {rank: identity}}."""
-    out = {}
-    for name in sorted({n for rec in records.values() for n, v in rec.items() if isinstance(v, dict)}):
-        seen = {r: rec[name] for r, rec in records.items() if isinstance(rec.get(name), dict)}
-        distinct = {json.dumps(v, sort_keys=True) for v in seen.values()}
-        out[name] = next(iter(seen.values())) if len(distinct) == 1 else {"ranks": {str(r): v for r, v in seen.items()}}
-    return out
+    """package -> what the ranks imported (``records``: rank -> {package: identity}), agreed over the ranks."""
+    names = sorted({n for rec in records.values() for n, v in rec.items() if isinstance(v, dict)})
+    return {name: agreed({r: rec[name] for r, rec in records.items() if isinstance(rec.get(name), dict)})
+            for name in names}
 
 
 def _inside(path, folder) -> bool:

@@ -35,8 +35,9 @@ def measure(run) -> dict:
 def machine_of(run) -> dict:
     """The numerics machine every measured cell ran on (judge.numerics.numerics_key of its ranks' record); a run
     whose cells ran on more than one measures no single machine's noise: refused."""
+    measured = measure(run)
     keys = {json.dumps(numerics_key(rec.get("machine")), sort_keys=True) for rec in run["cells"]
-            if rec["id"] in measure(run)}
+            if rec["id"] in measured}
     if len(keys) != 1 or keys == {"null"}:
         raise ValueError(f"the run's cells do not name one numerics machine ({len(keys)} seen: "
                          f"{', '.join(sorted(keys))}): noise is measured on one")
@@ -49,12 +50,11 @@ def render(doc) -> str:
     meta = run["meta"]
     versions = {p: str(v).split("+")[0] for p, v in (meta.get("versions") or {}).items() if p in ("torch", "torchtitan")}
     machine = machine_of(run)
-    flags = next((rec["machine"].get("flags") for rec in run["cells"] if rec.get("machine")), [])
     lines = [f"# each layout's noise: the largest relative difference from its baseline in a clean run of profile "
              f"{meta.get('profile')} ({meta.get('date', '')}, {len(run['cells'])} cells), made by",
              "# python -m pytest_simplefsdp.report RUN --format noise; a cell's tolerance is margin x its noise "
              "(at least floor, at most its lane's) on the versions and numerics machine measured_on names",
-             f"# (measured on {meta.get('host') or 'a host'} with CPU flags {' '.join(flags) or 'unknown'})",
+             f"# (measured on {meta.get('host') or 'a host'} with CPU flags {machine.get('flags') or 'unknown'})",
              "measured_on: {" + ", ".join(f"{p}: {v}" for p, v in versions.items())
              + ", machine: {" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in machine.items()) + "}}",
              f"margin: {MARGIN:g}", f"floor: {FLOOR:.1e}", "layouts:"]

@@ -146,8 +146,9 @@ class CellRunner:
         """What the ranks imported, against what the cell was to run on: a version set's run that ran other code is
         infra naming both (its own outcome is no verdict on the set), as is a passing one that cannot show what it
         imported; the installed side says where its ranks' imports are not the installed distribution."""
-        records = provenance.read(spec.log_dir)
-        result.imported, result.machine = provenance.summary(records), provenance.machine(spec.log_dir)
+        found = provenance.read(spec.log_dir)
+        records = found.get("imported", {})
+        result.imported, result.machine = provenance.summary(records), provenance.agreed(found.get("machine", {}), {})
         expected = self.sets.expected(run, vset)
         wrong = provenance.mismatch(records, expected)
         if wrong is None and result.status == Status.PASSED and not vset.installed:

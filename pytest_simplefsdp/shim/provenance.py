@@ -11,6 +11,7 @@ Standard library only: this runs in the ranks of any environment."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -85,23 +86,25 @@ NUMERICS_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NU
 VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512", "amx", "avx_vnni")  # what AUTO dispatch follows
 
 
-def cpu_flags() -> list[str]:
+@functools.cache
+def _cpuinfo() -> dict:
+    """The first processor's fields of /proc/cpuinfo (read once per process: reuse keys ask for every job)."""
     try:
         with open("/proc/cpuinfo") as f:
-            line = next((x for x in f if x.startswith("flags")), "")
+            text = f.read().split("\n\n", 1)[0]
     except OSError:
-        return []
-    return sorted(f for f in line.partition(":")[2].split() if f.startswith(VECTOR_FLAGS))
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+
+
+def cpu_flags() -> list[str]:
+    return sorted(f for f in _cpuinfo().get("flags", "").split() if f.startswith(VECTOR_FLAGS))
 
 
 def cpu_model() -> tuple[str, dict]:
     """The CPU's model name and its per-core caches (L1d, L2: oneDNN sizes its blocks, so its summation order, by
     them)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((x.partition(":")[2].strip() for x in f if x.startswith("model name")), "")
-    except OSError:
-        model = ""
+    model = _cpuinfo().get("model name", "")
     caches = {}
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
