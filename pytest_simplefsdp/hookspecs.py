@@ -36,7 +36,7 @@ class Target(Protocol):
     SUPPORTS: dict  # package -> the version range it runs against ({}: any); a set outside it is marked
 
     def check_installed(self) -> str | None: ...  # why it cannot run here, or None
-    def bind(self, cells) -> None: ...  # last checks against what is installed
+    def bind(self, cells) -> dict: ...  # last checks against what is installed; the cells not offered here -> why
     def prepare(self) -> None: ...  # make what every cell needs (assets), once
     def command(self, cell, dump_folder: Path, **kwargs): ...  # -> targets.RankCommand
     def evidence_plan(self, cell) -> list: ...  # [evidence.Expect]

@@ -118,6 +118,19 @@ def installed_folder(package) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
+def installed_commit() -> tuple[str, str | None] | None:
+    """(commit, checkout) the installed torchtitan runs: an editable checkout's HEAD and that checkout, or the commit
+    pip installed it from (no checkout known); None for a release."""
+    checkout = source_checkout("torchtitan")
+    if checkout is not None and (checkout / ".git").exists():
+        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+        if head.returncode == 0:
+            return head.stdout.strip(), str(checkout)
+    commit = vcs_commit("torchtitan")
+    return (commit, None) if commit else None
+
+
+@functools.lru_cache(maxsize=None)
 def code_identity(package="torchtitan") -> str | None:
     """A content hash of the installed ``package``'s code (its ``.py`` files, as a rank proves what it imported):
     an editable checkout's edits change it, though its version and install commit stay."""

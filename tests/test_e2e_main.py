@@ -99,7 +99,8 @@ def test_a_pr_that_moves_every_layouts_numerics_is_reported_against_its_base(pyt
                                      "*llama3-dp2-eager: numerics changed vs the base*: largest relative change loss *"])
         assert result.ret == pytest.ExitCode.OK
         strict, _ = run_smoke(pytester, f"--simplefsdp-base={start}", f"--simplefsdp-torchtitan-repo={CHECKOUT}",
-                              "--simplefsdp-base-numerics=fail", "-k", "llama3-dp2-eager", timeout=2400)
+                              "--simplefsdp-base-numerics=fail", "-k", "llama3-dp2-eager and not spmd_types",
+                              timeout=2400)
         strict.assert_outcomes(failed=1)
         strict.stdout.fnmatch_lines(["*llama3-dp2-eager*new*numerics changed vs the base*"])
     finally:
@@ -195,3 +196,67 @@ def test_a_bisection_in_the_checkout_probes_each_commit(tmp_path, ep_pr):
     outcomes = {p["version"]: p["outcome"] for p in found["probes"]}
     assert found["window"] == [f"@{start}", f"@{pr}"], found  # (the base fails otherwise: skipped, as git bisect skip)
     assert outcomes == {f"@{start}": "passes", f"@{base}": "other", f"@{pr}": "fails"}, outcomes
+
+
+# --- issue 46: all of the matrix on main: upstream's suite, the GPU profiles' trace tier, entries scoped by commit,
+# the SPMD backend axis
+
+
+def test_upstreams_suite_lists_its_cells_on_main(pytester):
+    """Upstream's own suite on main: its configs take the dataset only in Python (grain), which the rank shim sets on
+    whichever config a cell loads; before, the profile stopped before any cell ("needs --dataloader.dataset_path")."""
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=upstream", "--simplefsdp-dry-run")
+    assert result.ret == 0, result.stdout.str()[-3000:] + result.stderr.str()[-2000:]
+    result.stdout.fnmatch_lines(["*upstream.yaml: 39 valid cells, 0 n/a*"])
+    assert "SIMPLEFSDP_CONFIG_SET=" in result.stdout.str() and "--dataloader.dataset_path" not in result.stdout.str()
+
+
+def test_trace_cells_on_main_pass_or_fail_as_their_commit_scoped_entry(pytester):
+    """A few cells of the GPU profiles' trace tier on main: plain FSDP and an upstream test pass; a CP layout fails as
+    upstream 5dd944e62 (#4218) made it, matched by the entry scoped `torchtitan_commit: ">=5dd944e62"` (the clone's
+    commit of it carries upstream's hash in its trailer: decided by ancestry)."""
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix", "--simplefsdp-profile=h100x8,upstream", "--simplefsdp-tier=trace", "-k",
+        "llama3-dp8-aot_fx_trace-mp_default or deepseek_v3-dp2-cp2-tp2-eager or "
+        "(aot_fx_trace_llama3_fsdp_tp and not inductor)",
+        f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}", "-rA", timeout=1500)
+    result.assert_outcomes(passed=2, xfailed=1)
+    cp = cells_of(out)["deepseek_v3-dp2-cp2-tp2-eager"]
+    assert cp["known_failure"] == "main-graph-trainer-cp-needs-spmd-types", cp
+    assert "Context Parallel requires parallelism.spmd_backend='spmd_types'" in cp["error_line"]
+    upstream = cells_of(out, 1)
+    assert upstream["aot_fx_trace_llama3_fsdp_tp"]["status"] == "passed", upstream
+
+
+def test_a_release_range_is_refused_where_torchtitan_runs_a_commit(pytester):
+    """main says 0.2.2 at every commit: an entry scoped `torchtitan: "<0.3"` would match all of main. It is refused at
+    start, naming its line and the commit; the same entry scoped by commit loads."""
+    kf = pytester.path / "kf.yaml"
+    entry = ("- id: old-release\n  when: {{profile: cpu, model: llama3, {scope}}}\n  error: boom\n  kind: xfail\n"
+             "  link: https://github.com/pytorch/torchtitan/pull/4218\n  reason: scoped by a release range\n")
+    kf.write_text(entry.format(scope='torchtitan: "<0.3"'))
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "--simplefsdp-dry-run",
+                                           f"--simplefsdp-known-failures={kf}", "-m", "smoke")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*kf.yaml:1: entry 'old-release': torchtitan: '<0.3' is a release range, but "
+                                 "torchtitan here runs commit * (its version string, 0.2.2, names no release)*"])
+    kf.write_text(entry.format(scope='torchtitan_commit: ">=5dd944e62"'))
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "--simplefsdp-dry-run",
+                                           f"--simplefsdp-known-failures={kf}", "-m", "smoke")
+    assert result.ret == 0, result.stderr.str()[-2000:]
+
+
+def test_each_spmd_backend_has_a_cpu_cell_on_main(pytester):
+    """The spmd_backend axis on main (which offers partial_dtensor and spmd_types): the partial_dtensor cell passes with
+    the backend its run used as evidence; SimpleFSDP under spmd_types fails as its known failure (no `fsdp` mesh)."""
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
+                                           "llama3-dp2-eager and not fsdp2", f"--simplefsdp-json={out}",
+                                           f"--simplefsdp-artifacts={pytester.path / 'runs'}", "-rA", timeout=1500)
+    result.assert_outcomes(passed=1, xfailed=1)
+    cells = cells_of(out)
+    seen = {e["axis"]: e for e in cells["llama3-dp2-eager"]["evidence"]}
+    assert seen["spmd_backend=partial_dtensor"]["ok"] and seen["spmd_backend=partial_dtensor"]["seen"] == (
+        "partial_dtensor on ranks 0, 1")
+    assert cells["llama3-dp2-eager-spmd_types"]["known_failure"] == "simplefsdp-spmd-types-no-fsdp-mesh"

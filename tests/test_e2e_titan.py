@@ -93,7 +93,8 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
     shutil.copytree(MATRIX_DIR / "noise", pytester.path / "noise")
     runs = pytester.path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                             "-k", "llama3-dp2-eager and not fsdp2", f"--simplefsdp-artifacts={runs}", "-p", "no:cacheprovider",
+                             "-k", "llama3-dp2-eager and not fsdp2 and not spmd_types", f"--simplefsdp-artifacts={runs}",
+                             "-p", "no:cacheprovider",
                              "--simplefsdp-confirm=1",  # (a confirming run would train its 2000 steps again)
                              "--simplefsdp-launcher=torchrun"],  # (it finds the victim by torchrun's log folders)
                             cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -121,7 +122,7 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
 def run_under(pytester, launchers, selection, *args, cells=2, docs=None):
     """The same passing real cells under each launcher: launcher -> {cell id: cell record} (``docs``: launcher ->
     the run's JSON document)."""
-    runs, selection = {}, f"({selection}) and not fsdp2"  # ids are substrings of their FSDP2 twins' ids
+    runs, selection = {}, f"({selection}) and not fsdp2 and not spmd_types"  # ids are substrings of their twins'
     for launcher in launchers:
         out = pytester.path / f"{launcher}.json"
         result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k", selection,
@@ -272,7 +273,8 @@ def test_the_mutation_tier_kills_gradient_load_update_schedule_and_state_bugs(py
     names = ("expert_grad_divide,expert_placement,lost_update,update_lost_from_step2,lr_skew_from_step2,"
              "optimizer_state_lost_at_step2")
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
-                                           "deepseek_v3-dp2-ep2-eager and not fsdp2", f"--simplefsdp-mutants={names}",
+                                           "deepseek_v3-dp2-ep2-eager and not fsdp2 and not spmd_types",
+                                           f"--simplefsdp-mutants={names}",
                                            f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
                                            timeout=1500)
     result.assert_outcomes(passed=6)
@@ -354,7 +356,7 @@ def test_the_probe_attaches_when_a_foreign_hook_imports_torchtitan(pytester, fal
     pytester.makeconftest(HOOKED.format(folder=str(pytester.path), env=env))
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
-                                           "llama3-dp2-eager and not fsdp2", "--simplefsdp-launcher=local",
+                                           "llama3-dp2-eager and not fsdp2 and not spmd_types", "--simplefsdp-launcher=local",
                                            "--simplefsdp-confirm=1", f"--simplefsdp-json={out}",
                                            f"--simplefsdp-artifacts={pytester.path / 'runs'}", timeout=900)
     cell = cells_of(out)["llama3-dp2-eager"]

@@ -6,6 +6,7 @@ the same); they go through the real probe subprocess, the real target and the re
 
 import dataclasses
 import json
+import os
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -223,7 +224,7 @@ def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan,
     # table says so, and its cells pass it to that module, as a bisection across the change needs
     grain = tmp_path / "grain"
     grain.mkdir()
-    (grain / "titan_set.py").write_text(grain_module(python_options=True))
+    (grain / "titan_set.py").write_text(grain_module())
     python.write_text(f'#!/bin/sh\nPYTHONPATH={grain}:$PYTHONPATH exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     after = tmp_path / "grain-python"
@@ -247,27 +248,41 @@ def test_a_value_the_installed_torchtitan_cannot_express_fails_collection(fake_t
 GRAIN = """
 @dataclass
 class Source:
+    path: str = "json"
+    split: str = "train"
     load_dataset_kwargs: dict = field(default_factory=lambda: {"data_files": "tests/assets/c4_test/data.json"})
+
+
+@dataclass
+class Hub:
+    path: str = "allenai/c4"
+    split: str = "validation"
+    name: str = "en"
+    load_dataset_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass
 class Dataloader:
     source: Source = field(default_factory=Source)
+    validation: Hub = field(default_factory=Hub)
 """
 
 
-def grain_module(python_options: bool) -> str:
+def grain_module(sources: bool = True) -> str:
+    """main's grain config (the dataset a file source object), or, ``sources=False``, a dataloader that takes its
+    dataset neither way (what a torchtitan that moved it elsewhere would look like)."""
     old = FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR)
-    text = old.replace('@dataclass\nclass Dataloader:\n    dataset_path: str = ""\n', GRAIN)
+    text = old.replace('@dataclass\nclass Dataloader:\n    dataset_path: str = ""\n',
+                       GRAIN if sources else "@dataclass\nclass Dataloader:\n    workers: int = 1\n")
     assert text != old
-    return text + ("\n\ndef python_options(config):\n    return [] if hasattr(config.dataloader, 'dataset_path') "
-                   "else ['dataloader.dataset_path']\n" if python_options else "")
+    return text
 
 
 def test_an_option_this_torchtitan_takes_only_in_python_goes_to_the_config_module(fake_torchtitan, tmp_path):
-    """What the config module says it sets in Python (its python_options) leaves the command line and reaches the
-    ranks as $SIMPLEFSDP_CONFIG_SET, for the cells and the seed checkpoint alike; the other flags stay flags."""
-    (tmp_path / "titan_grain.py").write_text(grain_module(python_options=True))
+    """A job config that holds its dataset as a file source (main's grain): the option leaves the command line and
+    reaches the ranks as $SIMPLEFSDP_CONFIG_SET, for the cells and the seed checkpoint alike, whatever config module
+    it is (nothing in the module says so); the other flags stay flags."""
+    (tmp_path / "titan_grain.py").write_text(grain_module())
     path = tmp_path / "titan_grain.yaml"
     path.write_text(MATRIX.format(module="titan_grain", compile="aot_fx_trace", backend="aot_eager"))
     target = make_target(load_matrix(path), tmp_path)
@@ -280,9 +295,9 @@ def test_an_option_this_torchtitan_takes_only_in_python_goes_to_the_config_modul
 
 
 def test_what_the_installed_torchtitan_lacks_is_said_once_before_any_cell(fake_torchtitan, tmp_path):
-    """A torchtitan that moved an option into Python and a config module that cannot set it there: one error before
+    """A torchtitan whose config takes the dataset neither on its command line nor as a file source: one error before
     the first cell, naming the option, how many cells (and seed checkpoints) need it, and what was tested."""
-    (tmp_path / "titan_moved.py").write_text(grain_module(python_options=False))
+    (tmp_path / "titan_moved.py").write_text(grain_module(sources=False))
     path = tmp_path / "titan_moved.yaml"
     path.write_text(MATRIX.format(module="titan_moved", compile="aot_fx_trace", backend="aot_eager")
                     .replace("dp_shard: [2]", "dp_shard: [2, 4]").replace("world_sizes: [2]", "world_sizes: [2, 4]"))
@@ -297,31 +312,45 @@ def test_what_the_installed_torchtitan_lacks_is_said_once_before_any_cell(fake_t
     assert "target titan03 was tested with torchtitan 0.3.0 and main up to b5bcd76c6 (2026-08-21)" in msg
 
 
-def test_the_shipped_config_module_sets_the_dataset_of_a_grain_config(monkeypatch, tmp_path):
-    """fixtures/titan03_configs.py on a stand-in of main's grain config: python_options names the dataset, and
-    $SIMPLEFSDP_CONFIG_SET points every file source of the config (training and validation) at our data."""
-    import importlib.util
+def test_the_rank_shim_sets_the_dataset_on_whichever_config_torchtitan_loads(monkeypatch, tmp_path):
+    """shim.options on a stand-in of main's grain config: python_options names the dataset, and config_set (what every
+    rank installs where $SIMPLEFSDP_CONFIG_SET is set) points every file source of the config (training and validation)
+    at our data on the config ConfigManager loads, a copy, for any config function; the CLI option's config (0.3.0)
+    needs nothing in Python and refuses a value there."""
+    import types
 
-    from pytest_simplefsdp.paths import FIXTURES
+    from pytest_simplefsdp.shim import options
 
     namespace = {}
-    exec(compile(grain_module(python_options=False), "grain", "exec"), namespace)
-    spec = importlib.util.spec_from_file_location("configs_under_test", FIXTURES / "titan03_configs.py")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except ImportError as e:
-        pytest.skip(f"the config module needs torchtitan's graph_trainer: {e}")
+    exec(compile(grain_module(), "grain", "exec"), namespace)
     job = namespace["Config"]()
-    assert module.python_options(job) == ["dataloader.dataset_path"]
+    assert options.python_options(job) == ["dataloader.dataset_path"]
+    loaded = []
+
+    class ConfigManager:  # torchtitan.config.manager's, as far as the shim reaches it
+        def _load_config(self, args):
+            loaded.append(args)
+            return job, [a for a in args if not a.startswith("--module")]
+
+    manager = types.ModuleType("torchtitan.config.manager")
+    manager.ConfigManager = ConfigManager
+    monkeypatch.setitem(sys.modules, "torchtitan.config.manager", manager)
+    options.config_set()
     monkeypatch.setenv("SIMPLEFSDP_CONFIG_SET", json.dumps({"dataloader.dataset_path": str(tmp_path / "c4")}))
-    wrapped = module._with_python_options(lambda: job)()
-    assert wrapped.dataloader.source.load_dataset_kwargs == {"data_files": str(tmp_path / "c4" / "data.json")}
+    got, rest = ConfigManager()._load_config(["--module=anything", "--training.steps", "2"])
+    assert rest == ["--training.steps", "2"] and loaded
+    assert got.dataloader.source.load_dataset_kwargs == {"data_files": str(tmp_path / "c4" / "data.json")}
+    hub = got.dataloader.validation  # the hub's c4 (an 8B config's): our file instead, as 0.3.0's option did
+    assert (hub.path, hub.split, hub.name, hub.load_dataset_kwargs) == ("json", "train", None, {
+        "data_files": str(tmp_path / "c4" / "data.json")})
     assert job.dataloader.source.load_dataset_kwargs["data_files"] == "tests/assets/c4_test/data.json"  # a copy
-    assert module.python_options(namespace["Config"]()) == ["dataloader.dataset_path"]
+    monkeypatch.delenv("SIMPLEFSDP_CONFIG_SET")
+    assert ConfigManager()._load_config([])[0] is job  # nothing asked: the config as loaded
     old = FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR)
     exec(compile(old, "old", "exec"), namespace)  # 0.3.0: the CLI option, nothing in Python
-    assert module.python_options(namespace["Config"]()) == []
+    assert options.python_options(namespace["Config"]()) == []
+    with pytest.raises(ValueError, match="takes dataloader.dataset_path on its command line"):
+        options.set_in_python(namespace["Config"](), {"dataloader.dataset_path": "x"})
 
 
 def test_a_literal_value_outside_the_choices_is_refused():
@@ -388,3 +417,58 @@ def test_a_dry_run_without_the_targets_torchtitan_says_its_flags_are_unchecked(m
     target = make_target(load_matrix(MATRIX_DIR / "titan02-cpu.yaml"), MATRIX_DIR)
     assert target.check_installed().startswith("target titan02 needs a torchtitan that ships experiments/simple_fsdp")
     assert target.spelling == "torchtitan 0.2.0 option names, unchecked (this target's torchtitan is not installed)"
+
+
+SPMD = '    pipeline_parallel_schedule: str = "1F1B"\n'
+
+
+def spmd_module(tmp_path, name, field):
+    """The fake config with ``field`` added to its parallelism section (main's spmd_backend, or none)."""
+    (tmp_path / f"{name}.py").write_text(FAKE_CONFIGS.format(batch=OLD_BATCH, inductor=INDUCTOR)
+                                         .replace(SPMD, SPMD + field))
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(MATRIX.format(module=name, compile="aot_fx_trace", backend="aot_eager")
+                    .replace("  memory_policy: [default]\n",
+                             "  memory_policy: [default]\n  spmd_backend: [partial_dtensor, full_dtensor, spmd_types]\n")
+                    .replace("match: [{dp_shard: 2}]", "match: [{dp_shard: 2, spmd_backend: partial_dtensor}]")
+                    .replace("baseline: {compile: aot_fx_trace}",
+                             "baseline: {compile: aot_fx_trace, spmd_backend: partial_dtensor}"))
+    return path
+
+
+def test_the_spmd_backend_axis_offers_what_the_installed_torchtitan_offers(tmp_path, monkeypatch):
+    """An axis whose values are one option's choices (OFFERED_BY): where the installed config offers a value, the cell
+    sets it and its evidence reads what the run used; a value it does not offer (main dropped full_dtensor), or an
+    option it does not have (torchtitan before #4085), makes the cell n/a with that reason, not the run an error."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    main = spmd_module(tmp_path, "titan_spmd",
+                       '    spmd_backend: Literal["partial_dtensor", "spmd_types"] = "spmd_types"\n')
+    target = make_target(load_matrix(main), tmp_path)
+    cells, _ = expand(target.matrix)
+    assert target.bind(cells) == {"llama3-2-aot_fx_trace-aot_eager-default-full_dtensor": (
+        "torchtitan 0.3.0 (titan_spmd.debugmodel) offers spmd_backend partial_dtensor, spmd_types; not full_dtensor")}
+    spmd = next(c for c in cells if c.axes["spmd_backend"] == "spmd_types")
+    assert "--parallelism.spmd_backend spmd_types" in " ".join(argv_of(target, spmd, tmp_path))
+    plan = {e.axis: (e.key, e.value) for e in target.evidence_plan(spmd)}
+    assert plan["spmd_backend=spmd_types"] == ("effects.spmd_backend", "spmd_types")
+    before = spmd_module(tmp_path, "titan_no_spmd", "")  # no such option: no choice to make, every value n/a
+    target = make_target(load_matrix(before), tmp_path)
+    cells, _ = expand(target.matrix)
+    why = target.bind(cells)
+    assert len(why) == 3 and set(why.values()) == {
+        "torchtitan 0.3.0 (titan_no_spmd.debugmodel) has no --parallelism.spmd_backend: it offers no choice of "
+        "spmd_backend"}
+
+
+def test_cells_not_offered_are_listed_as_n_a_with_their_reason(pytester, tmp_path, monkeypatch):
+    """Through the session: the cell the installed torchtitan does not offer joins the n/a cells (the dry run counts
+    it; the run's JSON names its rule and reason), and the rest run as listed."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = spmd_module(pytester.path, "titan_spmd_run",
+                       '    spmd_backend: Literal["partial_dtensor", "spmd_types"] = "spmd_types"\n')
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
+                                           "--simplefsdp-dry-run", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*titan_spmd_run.yaml: 2 valid cells, 1 n/a*"])
+    assert "full_dtensor SKIPPED" not in result.stdout.str()

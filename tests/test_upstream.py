@@ -13,6 +13,7 @@ from pytest_simplefsdp.spec import upstream
 from pytest_simplefsdp.spec.matrix import load_matrix
 
 FAKE = Path(__file__).parent / "data" / "upstream_fake" / "integration_tests.py"
+FAKE_CONFIGS = FAKE.with_name("integration_tests_configs.py")
 
 
 def test_the_loader_runs_upstreams_builders_and_reads_why_a_test_is_disabled():
@@ -42,6 +43,38 @@ def test_a_test_in_the_matrixs_axes():
     c = upstream.configuration(tests["moe_ep2"])  # dp_shard -1: every rank the other degrees leave
     assert c.axes == {"model": "deepseek_v3", "compile": "aot_fx_trace", "ep": 2, "dp_shard": 8}
     assert upstream.configuration(tests["checkpoint_resume"]).features == {"checkpoint.enable": True, "runs": 2}
+
+
+def test_a_test_in_the_configs_form_reads_as_the_flags_its_configuration_sets():
+    """Upstream's `configs` form (#4177): each run a full configuration, selected as upstream's runner does (its
+    function's module and name); what it sets on the matrix's axes read from the config it returns, so the test
+    has the same axes (and runs the same layout on a trace-tier twin) as its override_args spelling."""
+    tests = {t.name: t for t in upstream.load_file(FAKE_CONFIGS)}
+    assert list(tests) == ["aot_fx_trace_fsdp_tp", "jit_fsdp_inductor", "eager_8b", "moe_checkpoint_relayout", "jit_1d"]
+    fsdp_tp = tests["aot_fx_trace_fsdp_tp"]
+    module = fsdp_tp.flags[1]
+    assert fsdp_tp.flags[:4] == ("--module", module, "--config", "llama3_debugmodel_fsdp2_tp2")
+    assert module.startswith("simplefsdp_upstream_")  # the function's own module, as upstream's MODULE= names it
+    c = upstream.configuration(fsdp_tp)
+    assert (c.axes, c.world, c.features) == ({"model": "llama3", "compile": "aot_fx_trace", "dp_shard": 2, "tp": 2,
+                                              "dp_replicate": 1, "ep": 1, "cp": 1, "pp": 1,
+                                              "backend": "aot_eager", "memory_policy": "default"}, 4, {})
+    assert upstream.normal(c.axes) == upstream.normal(upstream.configuration(upstream.load_file(FAKE)[1]).axes)
+    jit = tests["jit_fsdp_inductor"]
+    assert jit.disabled and jit.links == ("https://github.com/pytorch/torchtitan/issues/2149",)
+    assert upstream.configuration(jit).axes["backend"] == "inductor"
+    assert "memory_policy" not in upstream.configuration(jit).axes  # jit runs no graph policy: not read
+    eager = upstream.configuration(tests["eager_8b"])
+    assert eager.axes["compile"] == "eager" and eager.axes["dp_shard"] == 8 and eager.features == {"config": "8B"}
+    relayout = tests["moe_checkpoint_relayout"]
+    c = upstream.configuration(relayout)
+    assert c.axes["model"] == "deepseek_v3" and (c.axes["ep"], c.axes["pp"], c.axes["pp_schedule"]) == (
+        2, 2, "Interleaved1F1B")
+    assert c.axes["dp_shard"] == 4  # -1: the ranks PP leaves
+    assert relayout.runs[1][-3:] == ("--checkpoint.enable", "--training.steps", "20")  # its own args on top
+    assert c.features == {"checkpoint.enable": True, "runs": 2, "run2.config": "deepseek_v3_debugmodel_ep4",
+                          "run2.parallelism.expert_parallel_degree": "4", "run2.parallelism.pipeline_parallel_degree": "1"}
+    assert upstream.configuration(tests["jit_1d"]).axes == {"model": "llama3", "compile": "jit", "dp_shard": 4}
 
 
 MATRIX = """\
@@ -172,8 +205,7 @@ def test_the_shipped_upstream_profile_lists_the_installed_suite(pytester):
         tests = upstream.load()
     except LookupError as e:
         pytest.skip(str(e))
-    profile = "titan02-upstream" if upstream.generation(__import__("importlib.metadata").metadata.version(
-        "torchtitan")) == "0.2" else "upstream"
+    profile = "titan02-upstream" if upstream.generation() == "0.2" else "upstream"
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-profile={profile}",
                                            "--simplefsdp-dry-run", "--co", "-q")
     ids = [line.rsplit("::", 1)[1] for line in result.stdout.lines

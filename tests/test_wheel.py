@@ -99,7 +99,8 @@ def test_the_installed_wheel_runs_the_profile_a_fake_matrix_and_a_real_cell_from
                      "--simplefsdp-confirm=1")
     assert fake.returncode == 1 and "1 failed, 1 passed" in fake.stdout, fake.stdout[-3000:]
 
-    real = pytest_in(venv, project, "--simplefsdp-matrix", "-k", "llama3-dp2-eager")
+    real = pytest_in(venv, project, "--simplefsdp-matrix", "-k",
+                     "llama3-dp2-eager and not fsdp2 and not spmd_types")
     assert real.returncode == 0, real.stdout[-5000:]
     assert "matrix/cpu.yaml::llama3-dp2-eager PASSED" in real.stdout
     assert list(project.glob(".simplefsdp/runs/*/results.jsonl"))  # the outputs: under the rootdir it ran in

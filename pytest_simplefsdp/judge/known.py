@@ -18,12 +18,14 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..kinds import FailureClass, KnownKind
+from ..versions.git import GitError, commit_clauses
 from ..words import did_you_mean
 from ..yamlio import MatrixError, line_of, load_yaml, plain
 
 ENTRY_KEYS = {
     "id": "stable name of the entry (letters, digits, - _ .)",
-    "when": "conditions: axis: value | [values] | '>1' (also profile, target, device, tier, torch, torchtitan)",
+    "when": "conditions: axis: value | [values] | '>1' (also profile, target, device, tier, torch, torchtitan "
+            "release ranges, torchtitan_commit ranges: '>=5dd944e62', '<1a2b3c4d', '>=A,<B')",
     "error": "regex searched in the normalised error signature (and the raw error text)",
     "kind": "xfail (run, expect this failure) | flaky (pass or this failure) | skip (do not run)",
     "link": "upstream issue, PR or review comment (required)",
@@ -37,6 +39,9 @@ ENTRY_KEYS = {
 WINDOW_KEYS = ("first_failing", "last_passing", "fixed_in")
 ENV_KEYS = {"profile", "target", "device", "tier"}
 VERSION_KEYS = {"torch", "torchtitan"}
+# a range of torchtitan commits, decided by ancestry in the checkout the cell's torchtitan runs from: what scopes an
+# entry where torchtitan is installed from a commit (main says 0.2.2 at every commit: a release range says nothing)
+COMMIT_KEY = "torchtitan_commit"
 COMPARISON = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+)\s*$")
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
         "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
@@ -105,8 +110,27 @@ def _version_holds(version, spec):
 
 
 def applies(entry: Entry, axes: dict, env: dict) -> bool:
+    """Whether the entry's conditions hold for a cell. ``env["torchtitan_commit"]``: the commit the cell's torchtitan
+    runs (versions.git.Commit), None for a release: a release decides by ``torchtitan``, a commit by
+    ``torchtitan_commit``, and an entry that scopes only the other way does not hold (scope_problem says why, at
+    start)."""
+    commit = env.get(COMMIT_KEY)
     for key, cond in entry.when.items():
-        if key in VERSION_KEYS:
+        if key == "torchtitan" and commit is not None:
+            if COMMIT_KEY in entry.when:
+                continue  # installed from a commit: its commit range decides
+            return False
+        if key == COMMIT_KEY:
+            if commit is None:
+                if "torchtitan" in entry.when:
+                    continue  # a release: its release range decides
+                return False
+            try:
+                if not commit.holds(str(cond)):
+                    return False
+            except GitError:
+                return False
+        elif key in VERSION_KEYS:
             if not _version_holds(env.get(key), str(cond)):
                 return False
         elif key in ENV_KEYS:
@@ -115,6 +139,33 @@ def applies(entry: Entry, axes: dict, env: dict) -> bool:
         elif key not in axes or not _condition_holds(axes[key], cond):
             return False
     return True
+
+
+def scope_problem(entry: Entry, env: dict) -> str | None:
+    """Why the entry's torchtitan scope cannot be decided for a cell of this environment, else None: a release range
+    under a torchtitan installed from a commit (main's version string names no release), or a commit range the
+    checkout cannot order."""
+    commit = env.get(COMMIT_KEY)
+    if commit is not None and "torchtitan" in entry.when and COMMIT_KEY not in entry.when:
+        return (f"torchtitan: {entry.when['torchtitan']!r} is a release range, but torchtitan here runs commit "
+                f"{commit.sha[:12]} (its version string, {env.get('torchtitan')}, names no release): scope it by "
+                f"commit as well ({COMMIT_KEY}: '>=<first failing commit>')")
+    if commit is not None and COMMIT_KEY in entry.when:
+        try:
+            commit.holds(str(entry.when[COMMIT_KEY]))
+        except GitError as e:
+            return f"{COMMIT_KEY}: {entry.when[COMMIT_KEY]!r}: {e}"
+    return None
+
+
+def commit_scope(window: dict) -> str | None:
+    """The ``torchtitan_commit`` range a bisection's window over torchtitan commits gives an entry: ``>=`` its first
+    failing commit (a regression), ``<`` its fix; None for a window of releases."""
+    first, fixed = (window.get(k, {}).get("torchtitan") for k in ("first_failing", "fixed_in"))
+    commit = first or fixed
+    if not commit or not re.fullmatch(r"[0-9a-f]{7,40}", str(commit)):
+        return None
+    return f">={commit}" if first else f"<{commit}"
 
 
 class KnownFailures:
@@ -241,11 +292,16 @@ def outside_window(entry: Entry, versions: dict) -> str | None:
 def _check_when(path, when, eid, axis_names):
     for key, cond in when.items():
         kwhere = line_of(path, when, key=key)
-        if axis_names is not None and key not in axis_names and key not in ENV_KEYS and key not in VERSION_KEYS:
+        known = ENV_KEYS | VERSION_KEYS | {COMMIT_KEY}
+        if axis_names is not None and key not in axis_names and key not in known:
             raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
-                              f"{', '.join(sorted(axis_names))}; environment: "
-                              f"{', '.join(sorted(ENV_KEYS | VERSION_KEYS))}"
-                              + did_you_mean(key, set(axis_names) | ENV_KEYS | VERSION_KEYS))
+                              f"{', '.join(sorted(axis_names))}; environment: {', '.join(sorted(known))}"
+                              + did_you_mean(key, set(axis_names) | known))
+        if key == COMMIT_KEY:
+            try:
+                commit_clauses(str(cond))
+            except ValueError as e:
+                raise MatrixError(f"{kwhere}: entry {eid!r}: {key}: {e} (e.g. '>=5dd944e62', '>=A,<B')") from None
         if key in VERSION_KEYS:
             try:
                 SpecifierSet(str(cond))
@@ -272,7 +328,7 @@ def compile_signature(pattern: str):
 
 def could_apply(entry: Entry, axes: dict, env: dict) -> bool:
     """Whether an entry matches a cell in some environment (versions and tier are not checked)."""
-    fixed = {k: v for k, v in entry.when.items() if k not in VERSION_KEYS and k != "tier"}
+    fixed = {k: v for k, v in entry.when.items() if k not in VERSION_KEYS and k not in (COMMIT_KEY, "tier")}
     return applies(Entry(entry.id, fixed, entry.error, entry.kind, entry.link, entry.reason), axes, env)
 
 

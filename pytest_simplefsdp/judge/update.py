@@ -15,7 +15,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ..kinds import KnownKind
 from ..spec.cells import value_id
 from .combination import needs
-from .known import TODO_LINK
+from .known import COMMIT_KEY, TODO_LINK, commit_scope
 
 
 @dataclass
@@ -107,6 +107,8 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
         for axis, value in draft.when:
             if not (window and axis == "versions"):
                 when[axis] = _flow(CommentedSeq(value)) if isinstance(value, list) else value
+        if commit_scope(window):  # a window over torchtitan commits: the entry holds from (or until) that commit
+            when[COMMIT_KEY] = commit_scope(window)
         when.fa.set_flow_style()
         rates = [(r.confirm or {}).get("pass_rate") for r in draft.results if r.flaky]
         rate = rates[0] if rates and rates[0] is not None else None

@@ -198,7 +198,9 @@ def shipped_matrices(gen: str):
 def report(known_path=None):
     """The coverage of the installed generation's upstream suite by the shipped profiles, cross-linked with the
     known failures: the document render() and candidates_yaml() take."""
-    gen = generation(metadata.version("torchtitan"))
+    gen = generation()
+    if gen is None:
+        raise LookupError("the installed torchtitan ships no SimpleFSDP suite (experiments/graph_trainer or simple_fsdp)")
     tests = load(gen=gen)
     matrices = shipped_matrices(gen)
     axis_names = {a for m in shipped_matrices("0.2") + shipped_matrices("0.3") for a in m.axes} | UPSTREAM_AXES

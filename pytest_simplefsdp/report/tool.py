@@ -16,6 +16,7 @@ from ..paths import KNOWN_FAILURES, MATRIX_DIR
 from ..spec.matrix import load_matrix
 from ..spec.upstream import UPSTREAM_AXES
 from ..store.runs import RunError, load_run
+from ..versions.git import Commit
 from ..words import plural
 from ..yamlio import MatrixError
 from . import noise, page
@@ -45,8 +46,10 @@ def rejudged(doc, known, gate=False):
     for run in doc["runs"]:
         meta = run["meta"]
         v = meta.get("versions") or {}
+        commit = meta.get("torchtitan_commit")
         env = {"profile": meta.get("profile"), "target": meta.get("target"), "device": meta.get("device"),
-               "tier": meta.get("tier", "real"), "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
+               "tier": meta.get("tier", "real"), "torch": v.get("torch"), "torchtitan": v.get("torchtitan"),
+               "torchtitan_commit": Commit(commit["sha"], commit["repo"]) if commit else None}
         runs.append({**run, "cells": [rejudge(rec, known, env, gate, meta.get("base")) for rec in run["cells"]]})
     out = {**doc, "runs": runs}
     if doc.get("gate") is not None:

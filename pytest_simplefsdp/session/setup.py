@@ -14,7 +14,7 @@ import pytest
 
 from ..judge import mutants
 from ..judge.gate import Base
-from ..judge.known import could_apply, load_known_failures
+from ..judge.known import could_apply, load_known_failures, scope_problem
 from ..kinds import Device, RecordType
 from ..launch.builtin import LAUNCHERS
 from ..machine import cuda_device_ids, installed, source_checkout, vcs_commit
@@ -50,7 +50,7 @@ def load_runs(config, s, files, cache_dir):
             if problem and not s.dry_run:
                 raise pytest.UsageError(problem)
             if not problem:  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: unchecked)
-                run.target.bind(run.cells)
+                run.bind()
     except (MatrixError, RuntimeError) as e:
         raise pytest.UsageError(str(e)) from None
     return runs
@@ -92,9 +92,26 @@ def load_known(config, s, runs, cache_dir):
             if not any(could_apply(entry, c.axes, r.env(c.axes)) for r in runs for c in r.cells):
                 raise MatrixError(f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
                                   f"({', '.join(sorted(names))})")
+        check_scopes(known, runs)
     except MatrixError as e:
         raise pytest.UsageError(str(e)) from None
     return known
+
+
+def check_scopes(known, runs):
+    """Every entry that could match a cell of this session scopes torchtitan the way the cell's torchtitan is
+    installed (a release range for a release, a commit range for a commit) and names commits its checkout has: a
+    MatrixError naming the entry's file and line, never a range that silently matches main's "0.2.2"."""
+    for run in runs:
+        by_set = {}  # one environment per version set
+        for cell in run.cells:
+            by_set.setdefault(cell.axes.get("versions", INSTALLED), []).append(cell)
+        for cells in by_set.values():
+            env = run.env(cells[0].axes)
+            for entry in known.entries:
+                problem = any(could_apply(entry, c.axes, env) for c in cells) and scope_problem(entry, env)
+                if problem:
+                    raise MatrixError(f"{entry.where}: entry {entry.id!r}: {problem}")
 
 
 def _shipped_facts(config, path, runs, cache_dir):

@@ -60,6 +60,7 @@ class MatrixSession:
         setup.check_named(self.chosen, self.runs)
         for run in self.runs:  # a version set's cells are spelled by its own torchtitan, once its environment is built
             run.target.python_for = lambda label, run=run: self.runner.sets.python(run, label)
+            run.torchtitan_repo = s.torchtitan_repo
         self.version_lines = [] if s.dry_run else setup.check_versions(s, self.runs)  # unknown ones: a usage error
         self.not_here = setup.check_gpus(self.runs, self.runner)  # run -> why its cells cannot run on this machine
         self.unavailable = {} if s.dry_run else self.not_here  # (a dry run still lists them, and says why)

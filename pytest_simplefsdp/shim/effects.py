@@ -14,7 +14,8 @@ accepted and then ignored no longer passes as its label (judge.evidence compares
 * ``memory_policy``: the recompute tags the traced graph carries into rematerialisation, read as the policy that
   writes them (``tags``: the counts);
 * ``inductor_compilation``: the terminal inductor pass that ran on the traced graph (full or regional);
-* ``pp_schedule``: the class of the pipeline schedule whose ``step`` ran (and ``pp_actions``: its actions here).
+* ``pp_schedule``: the class of the pipeline schedule whose ``step`` ran (and ``pp_actions``: its actions here);
+* ``spmd_backend``: the SPMD backend the trainer set for the run (torchtitan's ``get_spmd_backend()`` at step 1).
 """
 
 from . import record
@@ -65,6 +66,15 @@ def data_parallel(trainer) -> str:
     return "none"
 
 
+def spmd_backend() -> str:
+    """The SPMD backend the run set up ("none" where this torchtitan has none to choose)."""
+    try:
+        from torchtitan.distributed.utils import get_spmd_backend
+    except ImportError:
+        return "none"
+    return str(get_spmd_backend())
+
+
 def at_first_step(trainer, params, traced: bool):
     """What the parallelised model and step 1 show (the probe calls it once, after step 1)."""
     from torch._dynamo.utils import counters
@@ -76,7 +86,8 @@ def at_first_step(trainer, params, traced: bool):
     record.write("effects", {**layout(params), "layers": layers(params), "data_parallel": data_parallel(trainer),
                              "trainer": type(trainer).__name__, "dynamo_graphs": graphs, "compiled_modules": wrapped,
                              "compile": ran, "inductor_graphs": _INDUCTOR["graphs"],
-                             "jit_backend": "inductor" if _INDUCTOR["graphs"] else "aot_eager"})
+                             "jit_backend": "inductor" if _INDUCTOR["graphs"] else "aot_eager",
+                             "spmd_backend": spmd_backend()})
 
 
 # the recompute tags each memory policy writes (memory_policy.py): full tags forward nodes MUST_RECOMPUTE, default

@@ -1,12 +1,12 @@
 """The shim's start in a rank (called by fixtures/cpu_shim/sitecustomize.py when the launch asks for it): the
 generation's CPU patches (``SIMPLEFSDP_CPU_SHIM``), the probe (``SIMPLEFSDP_PROBE=titan03``), the gradient probe
-(``SIMPLEFSDP_GRAD_PROBE=1``), the per-step invariants (``SIMPLEFSDP_INVARIANTS=1``) and a mutant
-(``SIMPLEFSDP_MUTANT``). Applied patches are printed to stderr as ``[simplefsdp-shim] applied: ...`` and end up
+(``SIMPLEFSDP_GRAD_PROBE=1``), the per-step invariants (``SIMPLEFSDP_INVARIANTS=1``), a mutant
+(``SIMPLEFSDP_MUTANT``) and the options set on the job config in Python (``SIMPLEFSDP_CONFIG_SET``, on any device). Applied patches are printed to stderr as ``[simplefsdp-shim] applied: ...`` and end up
 in every rank's log (under the fork launcher the server prints them once and every forked rank repeats them)."""
 
 import os
 
-from . import effects, patches, probes
+from . import effects, options, patches, probes
 from .hooks import install, say
 
 
@@ -28,6 +28,8 @@ def apply_patches(generation):
 
 
 def start(env=os.environ):
+    if env.get(options.SET_ENV):
+        options.config_set()
     if env.get("SIMPLEFSDP_CPU_SHIM"):
         apply_patches(env["SIMPLEFSDP_CPU_SHIM"])
     if env.get("SIMPLEFSDP_PROBE") == "titan03":

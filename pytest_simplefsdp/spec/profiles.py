@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from ..kinds import RecordType
-from ..machine import cuda_device_ids, installed, machine, torchtitan_trainers, versions
+from ..machine import cuda_device_ids, installed, installed_commit, machine, torchtitan_trainers, versions
 from ..paths import MATRIX_DIR
-from .cells import cell_key, expand, id_parts
+from .cells import Dropped, cell_key, expand, id_parts
 from .matrix import load_matrix, with_tier, with_versions
+from ..versions.git import Commit
 from ..versions.sets import INSTALLED, parse
 from ..words import did_you_mean
 from .upstream import with_source
@@ -90,11 +91,23 @@ class MatrixRun:
         if tier != "real":
             self.name += f"[{tier}]"
         self.prepared = False
+        self.torchtitan_repo = None  # the checkout that orders torchtitan commits (the session's; see commit_of)
+
+    NOT_OFFERED = "not-offered"  # the rule name of the cells the installed torchtitan does not offer (target.bind)
+
+    def bind(self):
+        """Bind the cells to what is installed (target.bind); a cell whose value the installed torchtitan does not
+        offer joins the n/a cells, with the target's reason."""
+        offered = self.target.bind(self.cells) or {}
+        self.dropped += [Dropped(c.id, c.axes, c.world, self.NOT_OFFERED, offered[c.id]) for c in self.cells
+                         if c.id in offered]
+        self.cells = [c for c in self.cells if c.id not in offered]
 
     def meta(self, launcher):
         return {"type": str(RecordType.META), "matrix": self.name, "profile": self.matrix.profile,
                 "target": self.target.name, "device": str(self.matrix.device), "launcher": launcher,
                 "versions": versions(), **machine(), "date": datetime.date.today().isoformat(),
+                **({"torchtitan_commit": c.about()} if (c := self.commit_of()) else {}),
                 "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": str(self.matrix.tier),
                 "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells)),
                 "valid": [{"model": c.axes.get("model", ""), **dict(zip(("row", "column"), self.labels(c.axes))),
@@ -130,7 +143,17 @@ class MatrixRun:
         set), else those pytest runs with."""
         v = parse((axes or {}).get("versions", INSTALLED)).versions(versions())
         return {"profile": self.matrix.profile, "target": self.target.name, "device": self.matrix.device,
-                "tier": self.matrix.tier, "torch": v.get("torch"), "torchtitan": v.get("torchtitan")}
+                "tier": self.matrix.tier, "torch": v.get("torch"), "torchtitan": v.get("torchtitan"),
+                "torchtitan_commit": self.commit_of(axes)}
+
+    def commit_of(self, axes=None) -> Commit | None:
+        """The torchtitan commit a cell runs (its version set's ``torchtitan@<commit>``, else the installed one's), with
+        the checkout that orders it; None where torchtitan is a release."""
+        pinned = parse((axes or {}).get("versions", INSTALLED)).get("torchtitan")
+        if pinned is not None:
+            return Commit(pinned[1:], self.torchtitan_repo) if pinned.startswith("@") else None
+        found = installed_commit()
+        return Commit(found[0], found[1] or self.torchtitan_repo) if found else None
 
     def cell(self, cell_id):
         return next((c for c in self.cells if c.id == cell_id), None)

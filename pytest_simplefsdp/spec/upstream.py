@@ -45,6 +45,7 @@ class UpstreamTest:
     note: str = ""  # the comment above it (why it is disabled, TODO)
     links: tuple = ()  # issues and PRs its note names
     precompile: str = ""  # precompile tests: the precompile step's command
+    recipe: tuple = ()  # the `configs` form: (model, flavor) of its first run's full configuration
 
     @property
     def flags(self):
@@ -53,12 +54,18 @@ class UpstreamTest:
 
 
 class _Definitions:
-    """Stand-in for upstream's ``tests.integration_tests.OverrideDefinitions`` (same fields and defaults)."""
+    """Stand-in for upstream's ``tests.integration_tests.OverrideDefinitions`` (same fields and defaults): a run is a
+    command line (``override_args``, the older form) or a full configuration (``configs``, callables returning the
+    trainer's config, upstream #4177), with that run's ``override_args`` (none) on top."""
 
     def __init__(self, override_args=((" ",),), test_descr="default", test_name="default", ngpu=4, disabled=False,
-                 **extra):
+                 configs=(), **extra):
+        if configs and override_args == ((" ",),):
+            override_args = tuple(() for _ in configs)
+        if configs and len(override_args) != len(configs):
+            raise ValueError(f"{test_name}: {len(configs)} configs but {len(override_args)} override_args")
         self.override_args, self.test_descr, self.test_name = override_args, test_descr, test_name
-        self.ngpu, self.disabled, self.extra = ngpu, disabled, extra
+        self.ngpu, self.disabled, self.configs, self.extra = ngpu, disabled, tuple(configs), extra
 
 
 def tokens(args) -> tuple:
@@ -66,9 +73,12 @@ def tokens(args) -> tuple:
     return tuple(w for a in args for w in shlex.split(str(a)))
 
 
-def generation(version: str) -> str | None:
-    for gen in SOURCES:
-        if version.startswith(gen + "."):
+def generation(root: Path | None = None) -> str | None:
+    """The generation whose suite the torchtitan at ``root`` (default: the installed one) ships, by its files, never by
+    its version: main says 0.2.2 and ships graph_trainer's suite."""
+    root = root or torchtitan_root()
+    for gen, files in SOURCES.items():
+        if root is not None and (root / files[0][0]).exists():
             return gen
     return None
 
@@ -80,10 +90,8 @@ def torchtitan_root() -> Path | None:
 
 def load(root: Path | None = None, gen: str | None = None) -> list[UpstreamTest]:
     """Every SimpleFSDP integration (and precompile) test the installed torchtitan defines, once each."""
-    from importlib import metadata
-
     root = root or torchtitan_root()
-    gen = gen or generation(metadata.version("torchtitan"))
+    gen = gen or generation(root)
     if root is None or gen is None:
         raise LookupError(f"no torchtitan generation with an upstream suite is installed (known: {', '.join(SOURCES)})")
     tests, seen = [], set()
@@ -115,10 +123,44 @@ def load_file(path: Path, kind: str = "integration") -> list[UpstreamTest]:
             seen.add(d.test_name)
             line, note = notes(d.test_name)
             runs = (tokens(d.override_args),) if kind == "precompile" else tuple(tokens(r) for r in d.override_args)
+            recipe = ()
+            if getattr(d, "configs", ()):  # (the precompile runner's own definitions have none)
+                read = [recipe_flags(fn) for fn in d.configs]  # per run: its configuration's flags, then its args
+                runs = tuple((*flags, *run) for (flags, _), run in zip(read, runs))
+                recipe = read[0][1]
             out.append(UpstreamTest(d.test_name, d.test_descr, runs, int(d.ngpu), bool(d.disabled), kind,
                                     f"{path}:{line}", note, links(note),
-                                    getattr(d, "precompile_command", "") or ""))
+                                    getattr(d, "precompile_command", "") or "", recipe))
     return out
+
+
+def _get(job, dotted):
+    for part in dotted.split("."):
+        job = getattr(job, part, None)
+    return job
+
+
+def recipe_flags(fn) -> tuple:
+    """A ``configs`` run as flags: ``--module``/``--config`` as upstream's runner selects it (the function's module and
+    name), then what the configuration sets on the matrix's axes, spelled as the flags that would set them (so a
+    trace-tier twin runs the same layout, and coverage compares it axis by axis); and (model, flavor)."""
+    flags = ["--module", fn.__module__, "--config", fn.__name__]
+    job = fn()
+    for name in DEGREES:
+        value = _get(job, f"parallelism.{name}")
+        if isinstance(value, int) and not isinstance(value, bool):
+            flags += [f"--parallelism.{name}", str(value)]
+    schedule = _get(job, "parallelism.pipeline_parallel_schedule")
+    if (_get(job, "parallelism.pipeline_parallel_degree") or 1) > 1 and schedule:
+        flags += ["--parallelism.pipeline_parallel_schedule", str(schedule)]
+    mode = _get(job, "compile.mode")
+    if mode:
+        flags += ["--compile.mode", str(mode)]
+        chosen = ("compile.backend",) if mode == "jit" else ("compile.inductor_compilation", "compile.memory_policy")
+        flags += [w for key in chosen if _get(job, key) for w in (f"--{key}", str(_get(job, key)))]
+    spec = _get(job, "model_spec")
+    model = str(getattr(spec, "name", "") or "").split("/")[-1]
+    return tuple(flags), (model, str(getattr(spec, "flavor", "") or ""))
 
 
 def _execute(path: Path):
@@ -216,7 +258,10 @@ DEGREES = {"data_parallel_replicate_degree": "dp_replicate", "data_parallel_shar
 # flags that set up a run but do not change what it tests
 INCIDENTAL = {"training.disable_cuda_graphs", "job.custom_config_module", "training.steps", "dump_folder",
               "checkpoint.folder", "compile.precompile_artifact_dir", "metrics.log_freq", "training.local_batch_size",
-              "training.seq_len", "hf_assets_path"}
+              "training.seq_len", "hf_assets_path",
+              # the same settings under main's names (upstream PR 4121: batches counted in tokens)
+              "training.max_context_length", "training.num_tokens_per_microbatch_per_dp_rank",
+              "training.num_tokens_per_train_step"}
 
 
 def variant(config: str, model: str) -> str:
@@ -258,7 +303,7 @@ def configuration(test: UpstreamTest) -> Configuration:
     o = options(test.flags)
     axes, features = {}, {}
     module = o.get("module") or o.get("model.name") or ""
-    axes["model"] = str(module).split(".")[-1] or "llama3"
+    axes["model"] = (test.recipe and test.recipe[0]) or str(module).split(".")[-1] or "llama3"
     for key, value in o.items():
         name = key.split(".", 1)[-1]
         if key.startswith("parallelism.") and name in DEGREES:
@@ -281,8 +326,10 @@ def configuration(test: UpstreamTest) -> Configuration:
         elif key == "compile.memory_policy":
             axes["memory_policy"] = str(value)
         elif key == "config":
-            if variant(value, axes["model"]):
-                features["config"] = variant(value, axes["model"])
+            # a full configuration (`configs`) differs from the debug model by its flavor; a config name by its words
+            changed = variant(test.recipe[1], axes["model"]) if test.recipe else variant(value, axes["model"])
+            if changed:
+                features["config"] = changed
         elif key in ("module", "model.name") or key in INCIDENTAL:
             continue
         else:

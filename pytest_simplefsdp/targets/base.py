@@ -113,8 +113,9 @@ class Target:
     def check_installed(self):
         return None
 
-    def bind(self, cells):
-        pass
+    def bind(self, cells) -> dict:
+        """Bind the cells to what is installed; returns the cells it cannot offer here: cell id -> why."""
+        return {}
 
     def outside_range(self, versions: dict) -> list[str]:
         """What of a version set lies outside this target's supported range (a twin run or a bisection asked for
@@ -271,18 +272,38 @@ class TorchtitanTarget(Target):
         """The job configs (keys of ``options``) the cells start from."""
         return {self.job_config(c.axes) for c in cells}
 
-    def bind(self, cells):
+    # axes whose values are the choices of one torchtitan option, where the installed torchtitan offers it (found in
+    # its job config, never by version): a value it does not offer makes the cell n/a, not the run an error
+    OFFERED_BY = {}
+
+    def not_offered(self, cell) -> str | None:
+        """Why the torchtitan a cell runs on does not offer the cell's value of an ``OFFERED_BY`` axis, else None."""
+        options = self.options_for(cell.axes)
+        for axis, option in self.OFFERED_BY.items():
+            if axis not in cell.axes or options is None:
+                continue
+            value, origin = str(cell.axes[axis]), options.origin
+            if option not in options.names:
+                return f"{origin} has no --{option}: it offers no choice of {axis}"
+            choices = options.names[option]
+            if choices is not None and value not in choices:
+                return f"{origin} offers {axis} {', '.join(c for c in choices if c != 'None')}; not {value}"
+        return None
+
+    def bind(self, cells) -> dict:
         """Read the installed torchtitan's options for every job config the cells use, and spell every cell's (and
         seed checkpoint's) flags once: what the installed torchtitan cannot express stops the run here, in one
-        message naming every missing option, the cells that need it and what the target was tested with."""
+        message naming every missing option, the cells that need it and what the target was tested with. Returns
+        the cells it does not offer (``OFFERED_BY``): cell id -> why."""
         version = installed("torchtitan")
         env = shim_env(self.matrix.device, self.name)
         keys = sorted(self.job_configs(cells), key=str)
         origins = {(m, c): f"torchtitan {version} ({f'{m}.{c}' if m else 'JobConfig'})" for m, c in keys}
         self.options.update(read_options(keys, env, origins))
+        offered = {cell.id: why for cell in cells if (why := self.not_offered(cell))}
         missing = {}  # (option, what asked for it) -> [the error, the cells (or seeds) that need it]
         jobs = [(cell.id, lambda c=cell: self.spell(c.axes, self.flags(c, Path("dump"), Path("seed"))))
-                for cell in cells]
+                for cell in cells if cell.id not in offered]
         if self.matrix.numerics:
             jobs += [(f"seed checkpoint of {m}", lambda m=m: self.seed_command(m, Path("seed")))
                      for m in sorted({c.axes["model"] for c in cells})]
@@ -298,6 +319,7 @@ class TorchtitanTarget(Target):
                               f"{self.matrix.path.name} asks for; before any cell:\n" + "\n".join(lines)
                               + f"\ntarget {self.name} was tested with {self.TESTED}: a newer torchtitan may have "
                                 f"moved these options (see README, 'Following torchtitan main')")
+        return offered
 
     def spell(self, axes, flags):
         options = self.options_for(axes)

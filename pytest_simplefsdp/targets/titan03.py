@@ -47,10 +47,14 @@ class Titan03(TorchtitanTarget):
         # fsdp2: torchtitan's core Trainer (FSDP2, eager) on the model's fsdp2_config, the reference that
         # upstream's graph_trainer/tests/test_numerics.py holds SimpleFSDP to
         "trainer": ("simplefsdp", "fsdp2"),
+        # how parallelised modules speak SPMD (upstream #4085; main dropped full_dtensor, and since #4218 its CP
+        # needs spmd_types): a value the installed torchtitan does not offer makes the cell n/a (OFFERED_BY)
+        "spmd_backend": ("partial_dtensor", "full_dtensor", "spmd_types"),
         "feature": FILE_DEFINED,  # names of the matrix's `features`: flags upstream tests set beyond the axes
         "versions": FILE_DEFINED,  # the version sets the cells run on (matrix key `versions`, --simplefsdp-versions)
         "upstream": FILE_DEFINED,  # source: upstream: the name of the upstream test a cell runs
     }
+    OFFERED_BY = {"spmd_backend": "parallelism.spmd_backend"}
     MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
     MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config")
     TRAINER_CLASS = {"simplefsdp": "GraphTrainer", "fsdp2": "Trainer"}
@@ -144,6 +148,8 @@ class Titan03(TorchtitanTarget):
         if self.upstream_test(a):
             return self.upstream_flags(cell, dump_folder, run)
         flags = [*self.degree_flags(a), *self.compile_flags(a)]
+        if "spmd_backend" in a:
+            flags.append(Flag("parallelism.spmd_backend", a["spmd_backend"], f"axis spmd_backend={a['spmd_backend']}"))
         if a.get("pp", 1) > 1:  # 0.3.0's default, written out: main counts microbatches instead (PR 4121: its
             # default is one microbatch, which no two-stage schedule takes), and converts this to as many as 0.3.0 ran
             flags.append(Flag(MICROBATCH, 1, "target (torchtitan 0.3.0's default microbatch size)"))
@@ -221,6 +227,9 @@ class Titan03(TorchtitanTarget):
             plan.append(Expect(f"pp={a['pp']}", "effects.layers", str(a["pp"]), hooks=step, across=True))
         if "cp" in a:
             plan.append(Expect(f"cp={cp}", "mesh.cp", str(cp), default="1", hooks=mesh))
+        if "spmd_backend" in a:
+            plan.append(Expect(f"spmd_backend={a['spmd_backend']}", "effects.spmd_backend", a["spmd_backend"],
+                               hooks=step))
         trainer = a.get("trainer", "simplefsdp")
         mode = "eager" if trainer == "fsdp2" else a.get("compile", "aot_fx_trace")
         plan.append(Expect(f"compile={a.get('compile', mode)}", "effects.compile", mode, hooks=step))
