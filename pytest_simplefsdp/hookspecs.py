@@ -40,7 +40,9 @@ class Target(Protocol):
     def prepare(self) -> None: ...  # make what every cell needs (assets), once
     def command(self, cell, dump_folder: Path, **kwargs): ...  # -> targets.RankCommand
     def evidence_plan(self, cell) -> list: ...  # [evidence.Expect]
+    def evidence_lines(self, cell) -> list: ...  # what the evidence checks, a line each (the dry run's)
     def evidence(self, cell, log_dir: Path) -> list: ...  # [evidence.Evidence]
+    def memory(self, cell, log_dir: Path): ...  # judge.layout.Memory | None
     def baseline_axes(self, axes: dict) -> dict: ...
     def losses(self, dump_folder: Path) -> dict: ...  # step -> loss at full precision ({}: the log's)
     # -> RankCommand of the seed checkpoint, or None; ``versions``: the label of the version set it runs on

@@ -257,10 +257,35 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
     cell = run_one_failing_cell(pytester, matrix)
     assert sorted(cell["losses"]) == ["1", "2"]  # it trained
     assert cell["failure_class"] == "invalid_config"
-    assert cell["error_line"] == ("the run does not show its label: dp_shard=1: expected effects.dp_shard = 1 on every "
-                                  "rank, saw 2 on ranks 0, 1")
-    wrong = {e["axis"] + " " + e["expected"].split(" =")[0] for e in cell["evidence"] if not e["ok"]}
-    assert wrong == {"dp_shard=1 effects.dp_shard", "tp=2 effects.tp"}
+    # every parameter read: split over 2 fsdp ranks, where the label says 1, and over no tp rank, where it says 2
+    assert cell["error_line"].startswith("the run does not show its label: dp_shard=1: expected every parameter split "
+                                         "over 1 rank of fsdp/dp_shard/dp_shard_cp/efsdp, saw 0 of 45 parameters, "
+                                         "0.0% of bytes on rank 0: ")
+    wrong = {e["axis"]: e["seen"] for e in cell["evidence"] if not e["ok"]}
+    assert set(wrong) == {"dp_shard=1", "tp=2"} and wrong["tp=2"].startswith("0 of 32 parameters, 0.0% of bytes")
+
+
+def test_a_label_applied_to_part_of_the_model_is_killed_by_its_own_evidence(pytester):
+    """Two bugs that leave training as it was: SimpleFSDP replicating the output projection over the fsdp mesh
+    (its gradient all-reduced), and the memory policy leaving the first block untagged. The evidence read per
+    parameter and per block names each; the bytes each rank holds say the same of the first."""
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
+                                           "llama3-dp2-aot_fx_trace-mp_default and not fsdp2 and not spmd_types",
+                                           "--simplefsdp-mutants=fsdp_partial,memory_policy_partial",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=900)
+    result.assert_outcomes(passed=2)
+    mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
+    assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
+        "fsdp_partial": ("killed", "evidence (dp_shard=2)"),
+        "memory_policy_partial": ("killed", "evidence (memory_policy=default)")}
+    head = mutated["fsdp_partial"]
+    assert "saw 44 of 45 parameters" in head["error_line"] and "lm_head.weight over 1 on ranks 0, 1" in head["error_line"]
+    held = next(e for e in head["evidence"] if e["axis"] == "memory")
+    assert not held["ok"] and held["seen"].startswith("rank 0 holds ")  # the head's 2 MiB held twice
+    assert head["memory"]["ratio"] > 1.05
+    assert "block 0: none on ranks 0, 1" in mutated["memory_policy_partial"]["error_line"]
 
 
 def test_the_mutation_tier_kills_gradient_load_update_schedule_and_state_bugs(pytester):
@@ -367,9 +392,10 @@ def test_the_probe_attaches_when_a_foreign_hook_imports_torchtitan(pytester, fal
     else:
         result.assert_outcomes(failed=1)
         assert cell["failure_class"] == "infra" and "mesh" not in hooks
-        assert cell["error_line"].startswith("the evidence probe cannot show the label: dp_replicate=1: expected "
-                                             "effects.dp_replicate = 1 on every rank, saw nothing: the evidence "
-                                             "probe's 'train_step' hook did not attach on ranks 0, 1")
+        assert cell["error_line"].startswith("the evidence probe cannot show the label: spmd_backend=partial_dtensor: "
+                                             "expected effects.spmd_backend = partial_dtensor on every rank, saw "
+                                             "nothing: the evidence probe's 'train_step' hook did not attach on ranks "
+                                             "0, 1")
 
 
 RESUME = """\

@@ -104,30 +104,6 @@ def test_bad_evidence_keys_are_usage_errors_naming_the_file(run_matrix, pytester
                                  "'<section>.<name>', got {'nope': 'mesh.tp'}*"])
 
 
-def write_probes(log_dir, per_rank):
-    """Each rank's probe record (its ``effects`` section) where judge.evidence reads them."""
-    folder = log_dir / "evidence"
-    folder.mkdir(parents=True)
-    for rank, effects in enumerate(per_rank):
-        (folder / f"rank{rank}.json").write_text(json.dumps({"probe": {"started": "yes", "hooks": ["train_step"]},
-                                                             "effects": effects}))
-    return log_dir
-
-
-def test_pipeline_stages_are_counted_as_distinct_block_sets_over_the_ranks(tmp_path):
-    """pp=2 on 4 ranks (dp 2): two stages, each held by two ranks; a split that was ignored leaves one set."""
-    stages = write_probes(tmp_path / "split", [{"layers": ["0", "1"]}, {"layers": ["0", "1"]},
-                                                {"layers": ["2", "3"]}, {"layers": ["2", "3"]}])
-    whole = write_probes(tmp_path / "whole", [{"layers": ["0", "1", "2", "3"]}] * 4)
-    pp = Expect("pp=2", "effects.layers", "2", hooks=("train_step",), across=True)
-    assert check([pp], stages)[0].ok
-    ignored = check([pp], whole)[0]
-    assert not ignored.ok and not ignored.infra
-    assert ignored.line() == ("pp=2: expected 2 distinct effects.layers over the ranks, saw 1: "
-                              "['0', '1', '2', '3'] on ranks 0, 1, 2, 3")
-    assert pp.line() == "pp=2 <- distinct effects.layers"
-
-
 def test_a_memory_policy_is_read_from_the_tags_it_wrote():
     """The tag counts the probe read off real traced graphs (llama3 dp2, full and default), and the others'."""
     assert policy_of({"MUST_RECOMPUTE": 616, "MUST_SAVE": 24, "mm_recomputed": 30}) == "full"

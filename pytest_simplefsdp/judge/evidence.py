@@ -32,18 +32,18 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Expect:
-    """One thing a cell's label implies about its run: ``key`` of every rank's probe record is ``value`` (``across``:
-    the key takes ``value`` different values over the ranks, e.g. the sets of blocks pipeline stages hold)."""
+    """One thing a cell's label implies about its run: ``key`` of every rank's probe record is ``value`` (``each``:
+    the key maps each transformer block to a value, and every block's is ``value``)."""
 
     axis: str  # the label part, e.g. "tp=2"
     key: str  # "<section>.<name>" of the probe record, e.g. "effects.tp", "effects.memory_policy"
     value: str
     default: str | None = None  # what an absent key means (no pipeline schedule ran, no graph was tagged)
     hooks: tuple = ()  # the probe's hooks that record the key (probe.hooks): one unattached, the key says nothing
-    across: bool = False
+    each: bool = False
 
     def line(self):
-        return f"{self.axis} <- {'distinct ' if self.across else ''}{self.key}"
+        return f"{self.axis} <- {self.key}{' of every block' if self.each else ''}"
 
 
 def read_probes(folder: Path) -> dict:
@@ -74,7 +74,7 @@ def check(expects: list, log_dir: Path, ranks=None) -> list:
     ranks = sorted(records) if ranks is None else list(ranks)
     out = []
     for e in expects:
-        expected = f"{e.value} distinct {e.key} over the ranks" if e.across else f"{e.key} = {e.value} on every rank"
+        expected = f"{e.key} = {e.value} {'for every block ' if e.each else ''}on every rank"
         if not records:
             out.append(Evidence(e.axis, expected, f"no probe record in {folder}", False, infra=bool(e.hooks)))
             continue
@@ -82,13 +82,10 @@ def check(expects: list, log_dir: Path, ranks=None) -> list:
         if blind:
             out.append(Evidence(e.axis, expected, blind, False, infra=True))
             continue
-        seen = {rank: _lookup(records.get(rank, {}), e.key, e.default) for rank in ranks}
-        if e.across:
-            distinct = sorted(set(seen.values()), key=str)
-            out.append(Evidence(e.axis, expected, f"{len(distinct)}: " + "; ".join(
-                f"{v} on ranks {', '.join(str(r) for r in ranks if seen[r] == v)}" for v in distinct),
-                str(len(distinct)) == e.value))
+        if e.each:
+            out.append(_each_block(e, records, ranks))
             continue
+        seen = {rank: _lookup(records.get(rank, {}), e.key, e.default) for rank in ranks}
         wrong = {r: v for r, v in seen.items() if v != e.value}
         if not wrong:
             out.append(Evidence(e.axis, expected, f"{e.value} on ranks {', '.join(map(str, seen))}", True))
@@ -100,6 +97,26 @@ def check(expects: list, log_dir: Path, ranks=None) -> list:
                             for v, rs in by_value.items())
             out.append(Evidence(e.axis, expected, saw, False))
     return out
+
+
+def _each_block(e: Expect, records, ranks) -> Evidence:
+    """Every block's value of ``e.key`` on every rank is ``e.value`` (a label applied to some blocks is not)."""
+    section, _, name = e.key.partition(".")
+    per = {r: records.get(r, {}).get(section, {}).get(name) or {} for r in ranks}
+    expected = f"{e.key} = {e.value} for every block on every rank"
+    if not any(per.values()):
+        return Evidence(e.axis, expected, f"no block in {e.key} on ranks {', '.join(map(str, ranks))}", False)
+    wrong = {}
+    for r, blocks in per.items():
+        for block, value in (blocks.items() if blocks else [("(none)", "nothing")]):
+            if value != e.value:
+                wrong.setdefault(f"block {block}: {value}", []).append(r)
+    if wrong:
+        return Evidence(e.axis, expected, "; ".join(f"{k} on ranks {', '.join(map(str, rs))}"
+                                                    for k, rs in sorted(wrong.items())), False)
+    blocks = sorted({b for v in per.values() for b in v}, key=lambda b: (len(b), b))
+    return Evidence(e.axis, expected, f"{e.value} for blocks {', '.join(blocks)} on ranks {', '.join(map(str, ranks))}",
+                    True)
 
 
 def _probe_missing(e: Expect, records, ranks) -> str | None:

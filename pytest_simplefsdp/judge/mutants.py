@@ -45,6 +45,14 @@ TITAN03 = (
            _compiled),
     Mutant("lost_update", "rank 1's optimizer update of its one-dimensional parameter shards (the norm weights) is "
            "undone every step: correct gradients, half of every norm layer never trains", lambda a: True),
+    # a label applied to part of the model: training unchanged, so only the layout evidence can see it
+    Mutant("fsdp_partial", "SimpleFSDP shards every module but the output projection, replicated over the same mesh "
+           "(the same training; the module held whole on every rank)",
+           lambda a: a.get("dp_shard", 1) > 1 and a.get("dp_replicate", 1) == 1 and a.get("tp", 1) == 1
+           and a.get("trainer") != "fsdp2"),
+    Mutant("memory_policy_partial", "the memory policy tags every transformer block but the first (its "
+           "activations all kept)", lambda a: a.get("memory_policy", "none") != "none"
+           and a.get("compile", "aot_fx_trace") == "aot_fx_trace"),
     # from step 2 on: an update, a schedule and a state that go wrong after the first step
     Mutant("update_lost_from_step2", "from step 2, rank 1's optimizer update of its attention weights is undone",
            lambda a: True),
@@ -82,7 +90,10 @@ def killed_by(result) -> str | None:
         return f"invariant ({result.invariants['check']})"
     if result.failure_class == "numerics" and result.numerics:
         return result.numerics.get("check", "loss")
-    return {"invalid_config": "evidence"}.get(result.failure_class, f"exit ({result.failure_class})")
+    if result.failure_class == "invalid_config":  # which label part the run did not show
+        axis = next((e["axis"] for e in result.evidence if not e["ok"]), None)
+        return f"evidence ({axis})" if axis else "evidence"
+    return f"exit ({result.failure_class})"
 
 
 def judge(result, mutant: Mutant):

@@ -87,6 +87,7 @@ class CellResult:
     trace_html: str | None = None  # tlparse's index.html of the compile trace of a failing cell
     plot: str | None = None  # loss-curve PNG of a numerics failure
     evidence: list = field(default_factory=list)  # evidence.Evidence records: the label took effect
+    memory: dict | None = None  # layout.Memory record: the bytes each rank held after step 1, against the layout
     invariants: dict | None = None  # invariants.Invariants record: the optimizer steps' exact invariants
     reused_from: str | None = None  # a baseline kept from an earlier run (reuse.py): its folder
     mutant: str | None = None  # the mutation tier: the bug this run re-injected

@@ -17,7 +17,7 @@ from tabulate import tabulate
 
 from ..kinds import Status
 from ..words import plural
-from . import gate
+from . import gate, memory
 from .combos import failing_combinations
 from .compare import MARKS, key
 from .markdown import LEGEND, model_grid
@@ -238,6 +238,8 @@ def _details(rec, link, image):
         held = sum(1 for e in rec["evidence"] if e["ok"])
         shown = "; ".join(f"{e['axis']}: {'ok' if e['ok'] else 'NOT SHOWN'} ({e['seen']})" for e in rec["evidence"])
         parts.append(f"<br>evidence {held}/{len(rec['evidence'])}: {_e(shown)}")
+    if rec.get("memory"):
+        parts.append(f"<br>{_e(memory.detail(rec))}")
     if rec.get("invariants"):
         inv = rec["invariants"]
         parts.append(f"<br>optimizer-step invariants: {inv.get('steps')} steps on ranks {_e(inv.get('ranks'))}: "

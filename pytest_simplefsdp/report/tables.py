@@ -1,5 +1,6 @@
 """Step 7: the composability table in the terminal, rendered from a run's records alone: one grid per matrix
-(rows are layouts, columns compile x backend x memory policy), its footnotes, the mutation tier's table."""
+(rows are layouts, columns compile x backend x memory policy, and the share of the model's parameter bytes a rank of
+the layout holds), its footnotes, the mutation tier's table."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tabulate import tabulate
 from ..judge.known import signature
 from ..paths import shown
 from ..words import plural
+from . import memory
 
 SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
            "dropped": "n/a"}
@@ -56,6 +58,10 @@ def grid(run, cell=None, na=None, not_run=NOT_RUN, every_row=False):
         rows[rec["row"]][rec["column"]] = cell(rec)
     headers = ["layout", *cols]
     body = [[row, *(entries.get(c, "") for c in cols)] for row, entries in rows.items()]
+    if any(rec.get("memory") for rec in cells):  # a layout's share of the model per rank (memory.short)
+        headers.append("memory: share/rank ×expected")
+        for line in body:
+            line.append(memory.column([rec for rec in cells if rec["row"] == line[0]]))
     return headers, body
 
 

@@ -19,7 +19,7 @@ from ..store.runs import RunError, load_run
 from ..versions.git import Commit
 from ..words import plural
 from ..yamlio import MatrixError
-from . import noise, page
+from . import memory, noise, page
 from .compare import change_lines, compare_runs
 from .gate import gate as pr_gate
 from .markdown import render_md
@@ -82,9 +82,11 @@ def main(argv=None):
                     "file that judged it (or another), optionally compared with an older run. Exits 1 under --gate "
                     "when any cell fails.")
     parser.add_argument("run", metavar="RUN", help="a --simplefsdp-json document or a run's results.jsonl")
-    parser.add_argument("--format", choices=("text", "md", "json", "noise"), default="text",
+    parser.add_argument("--format", choices=("text", "md", "json", "noise", "memory"), default="text",
                         help="text (the terminal table), md (the status markdown), json (the run document), noise "
-                             "(each layout's noise, as a profile's numerics `noise` file holds it)")
+                             "(each layout's noise, as a profile's numerics `noise` file holds it), memory (the bytes "
+                             "each rank of each cell held after step 1, against its layout; with --compare, against "
+                             "the older run's)")
     parser.add_argument("--known-failures", metavar="YAML", type=Path, default=None,
                         help="re-judge every cell against this file (default: the file the run records as its "
                              "judge; for runs that do not say: the shipped one)")
@@ -118,6 +120,8 @@ def main(argv=None):
         doc["comparison"], doc["compared_with"] = compare_runs(old, doc), str(args.compare)
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    elif args.format == "memory":
+        sys.stdout.write(memory.render(doc, old))
     elif args.format == "noise":
         try:
             sys.stdout.write(noise.render(doc))
@@ -125,7 +129,7 @@ def main(argv=None):
             raise SystemExit(f"--format noise: {e}") from None
     else:  # byte for byte what --simplefsdp-status-md wrote for the same run, known failures and folder
         sys.stdout.write(render_md(doc) if args.format == "md" else render_text(doc, args.verbose) + "\n")
-    if old is not None and args.format == "text":
+    if old is not None and args.format == "text":  # (memory compares the bytes itself)
         sys.stdout.write(f"changes since {args.compare}:\n")
         sys.stdout.writelines(f"  {line}\n" for line, _ in change_lines(doc["comparison"]))
     if args.html:

@@ -11,6 +11,10 @@ from ..kinds import FailureClass
 def check_evidence(run, cell, spec, result):
     """A green must show that its label took effect; where the probe that shows it did not run, that is said."""
     evidence = run.target.evidence(cell, spec.log_dir)
+    held = run.target.memory(cell, spec.log_dir)
+    if held is not None:  # the bytes each rank holds are evidence of the layout too
+        result.memory = held.record()
+        evidence.append(held.evidence())
     result.evidence = [e.record() for e in evidence]
     blind = [e for e in evidence if not e.ok and e.infra]
     contradicted = [e for e in evidence if not e.ok and not e.infra]

@@ -110,6 +110,6 @@ def _command(state, tr, run, cell):
         before = state.runner.step_spec(run, cell, step, seed=seed, port=29500)
         tr.write_line(f"  first, the {step} step [1 process]: {state.runner.launcher_for(run).reproducer(before)}")
     tr.write_line(f"  {state.runner.launcher_for(run).reproducer(spec)}")
-    plan = run.target.evidence_plan(cell)
+    plan = run.target.evidence_lines(cell)
     if plan:
-        tr.write_line(f"  evidence: {'; '.join(e.line() for e in plan)}")
+        tr.write_line(f"  evidence: {'; '.join(plan)}")

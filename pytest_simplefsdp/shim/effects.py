@@ -2,47 +2,75 @@
 of the rank's probe record. The job config says what was asked; these say what happened, so an option torchtitan
 accepted and then ignored no longer passes as its label (judge.evidence compares them with the cell's axes):
 
-* ``<dp_shard|dp_replicate|tp|ep>``: the size of the mesh dimension the model's parameters are laid out over once
-  parallelised (dp_shard: sharded over ``fsdp``, dp_replicate: replicated over ``dp_replicate``, tp, ep: sharded
-  over ``tp``, ``ep``); 1 where no parameter is (``dims``: every dimension and placement seen);
-* ``layers``: the transformer blocks this rank holds (pipeline stages: ranks of different stages hold different
-  ones; judge.evidence counts the distinct sets);
+* ``params``: each parameter this rank holds, FQN -> [global shape, bytes per element, local elements, {mesh
+  dimension: "<placement>x<size>"}] ({} for a plain tensor): judge.layout reads the degrees from it, per parameter;
+* ``layers``: the transformer blocks this rank holds, and ``model_layers``: how many the model has (pipeline stages:
+  the ranks' sets partition them);
+* ``memory``: after step 1, the bytes this rank holds in local parameter shards, gradients and optimizer state
+  (and the device's peak where it reports one: CUDA's allocator);
 * ``data_parallel``: how data parallelism reached the parameters: SimpleFSDP's parametrization, FSDP2's
   ``fully_shard``, or none; ``trainer``: the class whose ``train_step`` ran;
 * ``compile``: what ran step 1: a traced graph (aot_fx_trace), a model torch.compile wrapped whose graphs dynamo
   compiled (jit), or neither (eager); ``jit_backend``: inductor where inductor compiled any graph, else aot_eager;
 * ``memory_policy``: the recompute tags the traced graph carries into rematerialisation, read as the policy that
-  writes them (``tags``: the counts);
+  writes them (``tags``: the counts), and ``block_policy`` the same per transformer block of the graph;
 * ``inductor_compilation``: the terminal inductor pass that ran on the traced graph (full or regional);
 * ``pp_schedule``: the class of the pipeline schedule whose ``step`` ran (and ``pp_actions``: its actions here);
 * ``spmd_backend``: the SPMD backend the trainer set for the run (torchtitan's ``get_spmd_backend()`` at step 1).
 """
 
 from . import record
+from .gradmath import local
 from .hooks import after_import
 
-# the mesh dimension each degree lays parameters out over, and the placement that shows it
-# (SimpleFSDP names its dimension fsdp, torchtitan's FSDP2 dp_shard; a CP degree folds into it)
-DEGREE_DIMS = {"dp_shard": (("fsdp", "dp_shard", "dp_shard_cp"), "Shard"),
-               "dp_replicate": (("dp_replicate",), "Replicate"), "tp": (("tp",), "Shard"), "ep": (("ep",), "Shard")}
 _INDUCTOR = {"graphs": 0}  # graphs inductor compiled in this rank
 
 
-def layout(params) -> dict:
-    """Degree axis -> the size of its mesh dimension the parameters are placed over with its placement ("1": none)."""
-    found = {}
-    for p in params.values():
-        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
-        if mesh is None or placements is None:
-            continue
-        for name, size, placement in zip(mesh.mesh_dim_names or (), mesh.mesh.shape, placements):
-            found.setdefault(name, set()).add((int(size), type(placement).__name__))
+def placements(p) -> dict:
+    """Mesh dimension -> "<placement>x<size>" of a DTensor parameter ({} for a plain tensor)."""
+    mesh, placed = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+    if mesh is None or placed is None:
+        return {}
+    names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
+    return {name: f"{type(pl).__name__}x{int(size)}" for name, size, pl in zip(names, mesh.mesh.shape, placed)}
+
+
+def param_layout(params) -> dict:
     out = {}
-    for axis, (dims, kind) in DEGREE_DIMS.items():
-        sizes = sorted(size for dim in dims for size, k in found.get(dim, ()) if k == kind and size > 1)
-        out[axis] = str(max(sizes)) if sizes else "1"
-    out["dims"] = {name: sorted(f"{kind}x{size}" for size, kind in v) for name, v in found.items()}
+    for fqn, p in params.items():
+        shard = local(p)
+        out[fqn] = [list(p.shape), p.element_size(), shard.numel(), placements(p)]
     return out
+
+
+def _bytes(t) -> int:
+    t = local(t)
+    return t.numel() * t.element_size()
+
+
+def memory(trainer, params) -> dict:
+    """The bytes this rank holds (local shards) in parameters, gradients and optimizer state; the device's peak."""
+    import torch
+
+    state = [v for o in getattr(trainer.optimizers, "optimizers", [trainer.optimizers])
+             for s in o.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]  # not AdamW's step
+    peak = None
+    if any(local(p).is_cuda for p in params.values()):
+        peak = int(torch.cuda.max_memory_allocated())
+    return {"params": sum(_bytes(p) for p in params.values()),
+            "grads": sum(_bytes(p.grad) for p in params.values() if p.grad is not None),
+            "optimizer": sum(_bytes(v) for v in state), "peak": peak,
+            "optimizer_class": sorted({type(o).__name__ for o in getattr(trainer.optimizers, "optimizers", [])})}
+
+
+def model_layers(trainer):
+    """How many transformer blocks the whole model has (0.3's model config lists them; 0.2's model args count)."""
+    config = getattr(trainer, "model_config", None) or getattr(trainer, "model_args", None)
+    blocks = getattr(config, "layers", None)
+    if isinstance(blocks, (list, tuple)):
+        return len(blocks)
+    n = getattr(config, "n_layers", None)
+    return int(n) if isinstance(n, int) else None
 
 
 def layers(params) -> list:
@@ -83,7 +111,9 @@ def at_first_step(trainer, params, traced: bool):
     wrapped = sum(getattr(m, "_compiled_call_impl", None) is not None  # nn.Module.compile, as jit applies it
                   for part in trainer.model_parts for m in part.modules())
     ran = "aot_fx_trace" if traced else "jit" if wrapped and graphs else "eager"
-    record.write("effects", {**layout(params), "layers": layers(params), "data_parallel": data_parallel(trainer),
+    record.write("effects", {"params": param_layout(params), "layers": layers(params),
+                             "model_layers": model_layers(trainer), "memory": memory(trainer, params),
+                             "data_parallel": data_parallel(trainer),
                              "trainer": type(trainer).__name__, "dynamo_graphs": graphs, "compiled_modules": wrapped,
                              "compile": ran, "inductor_graphs": _INDUCTOR["graphs"],
                              "jit_backend": "inductor" if _INDUCTOR["graphs"] else "aot_eager",
@@ -104,20 +134,38 @@ def policy_of(tags: dict) -> str:
     return "default"
 
 
-def _tags(gm) -> dict:
+def block_of(node) -> str | None:
+    """The transformer block a graph node was traced in ("layers.<i>." of the module FQN graph_trainer annotates)."""
+    parts = str(node.meta.get("custom", {}).get("module_fqn", "")).split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "layers" else None
+
+
+def _tags(gm) -> tuple[dict, dict]:
+    """The recompute tag counts of the graph, in total and per transformer block (every block the graph traced
+    appears, tagged or not)."""
     import torch
 
-    counts = {}
+    counts, blocks = {}, {}
     for node in gm.graph.nodes:
+        block = block_of(node)
+        if block is not None:
+            blocks.setdefault(block, {})
         tag = node.meta.get("recompute")
         if tag is None:
             continue
         name = getattr(tag, "name", str(tag))
-        counts[name] = counts.get(name, 0) + 1
+        keys = [name]
         if node.target is torch.ops.aten.mm.default:
-            key = "mm_saved" if name == "MUST_SAVE" else "mm_recomputed"
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+            keys.append("mm_saved" if name == "MUST_SAVE" else "mm_recomputed")
+        for counter in (counts, blocks.get(block, {}) if block is not None else {}):
+            for key in keys:
+                counter[key] = counter.get(key, 0) + 1
+    return counts, blocks
+
+
+def _add(into: dict, counts: dict):
+    for k, n in counts.items():
+        into[k] = into.get(k, 0) + n
 
 
 def effects():
@@ -127,10 +175,13 @@ def effects():
         remat = module.selective_activation_remat_pass
 
         def selective_activation_remat_pass(gm, *args, **kwargs):
-            seen = record.read("effects", "tags", {})
-            for k, n in _tags(gm).items():
-                seen[k] = seen.get(k, 0) + n
-            record.write("effects", {"tags": seen, "memory_policy": policy_of(seen)})
+            seen, per_block = record.read("effects", "tags", {}), record.read("effects", "block_tags", {})
+            total, blocks = _tags(gm)
+            _add(seen, total)
+            for block, counts in blocks.items():  # GraphPP: one graph per stage, each with its blocks
+                _add(per_block.setdefault(block, {}), counts)
+            record.write("effects", {"tags": seen, "memory_policy": policy_of(seen), "block_tags": per_block,
+                                     "block_policy": {b: policy_of(c) for b, c in per_block.items()}})
             return remat(gm, *args, **kwargs)
 
         module.selective_activation_remat_pass = selective_activation_remat_pass

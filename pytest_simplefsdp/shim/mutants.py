@@ -12,6 +12,7 @@ mutant is inconclusive, never killed). The training probe (probes.py) calls ``ac
 """
 
 from . import record
+from .effects import block_of
 from .gradmath import local
 from .hooks import after_import
 
@@ -116,6 +117,60 @@ def compile_falls_back_to_eager():
         module.GraphTrainer.forward_backward_step = forward_backward_step
 
     return 0  # (counted when the eager step runs)
+
+
+def _acted(name):
+    """Count one place changed by a mutant that acts later than its moment (a patch that runs at training time)."""
+    record.write("mutant", {"name": name, "applied": record.read("mutant", "applied", 0) + 1})
+
+
+# --- a label applied to part of the model: training unchanged, the layout not what the label says ---------------
+
+
+@mutant("fsdp_partial", "install")
+def fsdp_partial():
+    """SimpleFSDP shards every module but the output projection, which it replicates over the same mesh (its
+    gradient all-reduced instead of reduce-scattered: the same training, the module held whole on every rank)."""
+
+    @after_import("torchtitan.experiments.graph_trainer.common_utils", "mutant:fsdp_partial")
+    def partial(module):
+        original = module.data_parallel
+
+        def data_parallel(model, device_mesh, mode="replicate", *args, **kwargs):
+            head = getattr(model, "lm_head", None) or getattr(model, "output", None)
+            if mode == "fully_shard" and head is not None and hasattr(model, "layers"):
+                original(head, device_mesh, "replicate", mp_policy=kwargs.get("mp_policy"))
+                _acted("fsdp_partial")  # data_parallel skips a module it already wrapped
+            return original(model, device_mesh, mode, *args, **kwargs)
+
+        module.data_parallel = data_parallel
+
+    return 0
+
+
+@mutant("memory_policy_partial", "install")
+def memory_policy_partial():
+    """The memory policy tags every transformer block of the traced graph but its first, whose activations are all
+    kept (the same numbers, less memory saved than the policy says)."""
+
+    @after_import("torchtitan.experiments.graph_trainer.passes", "mutant:memory_policy_partial")
+    def partial(module):
+        original = module.tag_with_memory_policy_pass
+
+        def tag_with_memory_policy_pass(gm, *args, **kwargs):
+            out = original(gm, *args, **kwargs)
+            graph = out if hasattr(out, "graph") else gm
+            blocks = sorted({b for b in map(block_of, graph.graph.nodes) if b is not None}, key=int)
+            untagged = [n for n in graph.graph.nodes if blocks and block_of(n) == blocks[0] and "recompute" in n.meta]
+            for node in untagged:
+                del node.meta["recompute"]
+            if untagged:
+                _acted("memory_policy_partial")
+            return out
+
+        module.tag_with_memory_policy_pass = tag_with_memory_policy_pass
+
+    return 0
 
 
 def _restore(params, before, which):

@@ -31,6 +31,7 @@ class CellRecord(Record):
     log_dir: str = ""
     mutation: Mutation | None = None
     gate: GateClass | None = None  # under --simplefsdp-base: new, broken trunk, flaky or known
+    memory: dict[str, Any] | None = None  # judge.layout.Memory: bytes per rank after step 1 (older runs: none)
 
 
 class DroppedRecord(Record):

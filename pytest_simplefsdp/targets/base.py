@@ -174,9 +174,18 @@ class Target:
         """What the run must show for the cell's label: [evidence.Expect] (none here)."""
         return []
 
+    def evidence_lines(self, cell) -> list:
+        """What the evidence checks, a line each (the dry run's ``evidence:``)."""
+        return [e.line() for e in self.evidence_plan(cell)]
+
     def evidence(self, cell, log_dir: Path):
         """What the run left behind that shows the cell's label took effect (see judge.evidence)."""
         return check(self.evidence_plan(cell), log_dir)
+
+    def memory(self, cell, log_dir: Path):
+        """The bytes each rank held against what the layout implies (judge.layout.Memory), where the probe records
+        them (none here)."""
+        return None
 
     def losses(self, dump_folder: Path):
         return {}

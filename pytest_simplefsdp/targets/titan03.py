@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..judge.evidence import Expect, check, inductor_codegen
+from ..degrees import DEGREES
+from ..judge.evidence import Expect, check, inductor_codegen, read_probes
+from ..judge.layout import Rule, degree_evidence, memory, stage_evidence
 from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
+from ..paths import probe_folder
 from ..spec.matrix import MatrixError
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
@@ -202,29 +205,49 @@ class Titan03(TorchtitanTarget):
         argv = ["--module", module, "--config", config, *spelled.argv]
         return self.rank_command("torchtitan.train", argv, {**shim_env(self.matrix.device, self.name), **spelled.env()})
 
+    def evidence_lines(self, cell) -> list:
+        a = cell.axes
+        return [*super().evidence_lines(cell),
+                *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in DEGREES if d.axis in a),
+                *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
+                "memory <- effects.memory against the layout"]
+
+    def memory(self, cell, log_dir: Path):
+        """The bytes every rank held after step 1 against the layout (judge.layout.Memory; None: none recorded)."""
+        ranks = [self.matrix.trace["rank"]] if self.matrix.tier == "trace" else list(range(cell.world))
+        return memory(cell.axes, read_probes(probe_folder(log_dir)), ranks, self.LAYOUT_RULES)
+
     def losses(self, dump_folder: Path):
         """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
         return tensorboard_losses(dump_folder)
 
+    EXPERTS = ("*.moe.routed_experts.*", "*.moe.experts.*")
+    # the parameters torchtitan 0.3's own plans lay out otherwise than a degree's label says, and why
+    LAYOUT_RULES = (
+        Rule("dp_shard", EXPERTS, "routed experts are split over efsdp x ep, and EP takes its ranks from dp_shard x "
+             "cp x tp: their FSDP share is the rest", size=lambda a: int(a.get("dp_shard", 1)) * int(a.get("cp", 1))
+             * int(a.get("tp", 1)) // int(a.get("ep", 1)), when=lambda a: int(a.get("ep", 1)) > 1),
+        Rule("tp", ("*norm.weight",), "the TP plans keep RMSNorm weights replicated (SequenceParallel)"),
+        Rule("tp", ("*.attention.wkv_a.weight", "*.attention.wq_a.weight"), "DeepSeek-V3's TP plan keeps MLA's "
+             "low-rank down-projections replicated"),
+        Rule("tp", ("*.moe.router.gate.weight",), "the MoE router is replicated over tp"),
+        Rule("tp", EXPERTS, "ETP is 1 in 0.3: EP, not TP, splits routed experts", when=lambda a: int(a.get("ep", 1)) > 1),
+        Rule("ep", EXPERTS, "EP splits only the routed experts", outside=True),
+    )
+
     SCHEDULE_CLASS = "Schedule{}"  # torch.distributed.pipelining's class of a schedule name
 
     def evidence_plan(self, cell):
-        """What the run did, from the shim's effects probe (shim/effects.py), never what its job config says: each
-        degree from the mesh dimension the model's parameters are laid out over, PP from the distinct sets of blocks
-        the ranks hold, the compile mode from what ran step 1, the trainer from the class whose step ran and how data
-        parallelism reached the parameters, the memory policy from the traced graph's recompute tags, the inductor
-        strategy from the terminal pass that ran (jit: whether inductor compiled), the PP schedule from the schedule
-        whose step ran. CP alone is read from the mesh built (its effect is on activations, which nothing reads)."""
+        """What the run did, from the shim's effects probe (shim/effects.py), never what its job config says (the
+        degrees, per parameter, and the pipeline stages are judge.layout's, in ``evidence``): the compile mode from
+        what ran step 1, the trainer from the class whose step ran and how data parallelism reached the parameters,
+        the memory policy from the traced graph's recompute tags of every block, the inductor strategy from the
+        terminal pass that ran (jit: whether inductor compiled), the PP schedule from the schedule whose step ran. CP
+        alone is read from the mesh built (its effect is on activations, which nothing reads)."""
         a, plan = cell.axes, []
         step, schedule, mesh = ("train_step",), ("schedule",), ("mesh",)
         passes = ("train_step", "passes")  # what graph_trainer's passes recorded (imported with its trainer)
         cp = int(a.get("cp", 1))
-        for axis in ("dp_replicate", "dp_shard", "tp", "ep"):
-            if axis in a:  # dp_shard: SimpleFSDP and FSDP2 shard over dp_shard x cp
-                value = int(a[axis]) * (cp if axis == "dp_shard" else 1)
-                plan.append(Expect(f"{axis}={a[axis]}", f"effects.{axis}", str(value), hooks=step))
-        if "pp" in a:
-            plan.append(Expect(f"pp={a['pp']}", "effects.layers", str(a["pp"]), hooks=step, across=True))
         if "cp" in a:
             plan.append(Expect(f"cp={cp}", "mesh.cp", str(cp), default="1", hooks=mesh))
         if "spmd_backend" in a:
@@ -239,6 +262,7 @@ class Titan03(TorchtitanTarget):
         if policy != "none":  # eager and jit accept a policy and ignore it: only aot_fx_trace's passes apply one
             plan.append(Expect(f"memory_policy={policy}", "effects.memory_policy", policy, default="none",
                                hooks=passes))
+            plan.append(Expect(f"memory_policy={policy}", "effects.block_policy", policy, hooks=passes, each=True))
         if mode != "eager" and trainer != "fsdp2":
             backend = a.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
             label = f"backend={backend}" if "backend" in a else f"compile_backend={backend}"
@@ -252,19 +276,22 @@ class Titan03(TorchtitanTarget):
                                self.SCHEDULE_CLASS.format(a["pp_schedule"]), default="none", hooks=schedule))
         return plan
 
-    COMPILE_TIME = ("effects.memory_policy", "effects.inductor_compilation")  # what the graph passes record
+    COMPILE_TIME = ("effects.memory_policy", "effects.block_policy", "effects.inductor_compilation")  # graph passes
 
     def evidence(self, cell, log_dir: Path):
         """The probe's evidence from every rank that ran (the trace tier runs one: what needs every rank, PP's stages,
         is left out there) and, for an inductor cell, inductor's output code in the compile trace. A precompiled cell's
         graph passes ran in its precompile step: what they did is read there."""
         trace = self.matrix.tier == "trace"
-        ranks = [self.matrix.trace["rank"]] if trace else range(cell.world)
-        plan = [e for e in self.evidence_plan(cell) if not (trace and e.across)]
+        ranks = [self.matrix.trace["rank"]] if trace else list(range(cell.world))
+        plan = self.evidence_plan(cell)
         at_step = [e for e in plan if e.key in self.COMPILE_TIME] if "precompile" in self.before_steps(cell) else []
         found = check([e for e in plan if e not in at_step], log_dir, ranks)
         found += check([replace(e, hooks=()) for e in at_step], Path(log_dir) / "precompile", [0]) if at_step else []
-        a = cell.axes
+        a, records = cell.axes, read_probes(probe_folder(log_dir))
+        found += degree_evidence(a, records, ranks, self.LAYOUT_RULES)
+        if int(a.get("pp", 1)) > 1 and not trace:  # the trace tier runs one rank: one stage of the partition
+            found.append(stage_evidence(a, records, ranks))
         if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and not trace:
             found.append(inductor_codegen(Path(log_dir) / "torch_trace"))
         return found
