@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from ..degrees import DEGREES
 from .evidence import Evidence
 
-ANY = ("*",)
-
 
 @dataclass(frozen=True)
 class Rule:
