@@ -60,10 +60,6 @@ def _ranks(ranks) -> str:
     return ", ".join(map(str, ranks))
 
 
-def _placed(entry) -> str:
-    return " ".join(f"{dim}:{p}" for dim, p in entry[3].items()) or "a plain tensor"
-
-
 def degree_evidence(axes: dict, records: dict, ranks, rules=()) -> list:
     """Per degree of the label: every parameter of every rank laid out over the label's size (or its rule's)."""
     out = []
