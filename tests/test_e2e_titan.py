@@ -262,7 +262,9 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
                                          "over 1 rank of fsdp/dp_shard/dp_shard_cp/efsdp, saw 0 of 45 parameters, "
                                          "0.0% of bytes on rank 0: ")
     wrong = {e["axis"]: e["seen"] for e in cell["evidence"] if not e["ok"]}
-    assert set(wrong) == {"dp_shard=1", "tp=2"} and wrong["tp=2"].startswith("0 of 32 parameters, 0.0% of bytes")
+    assert set(wrong) == {"dp_shard=1", "tp=2", "memory"} and wrong["tp=2"].startswith("0 of 32 parameters, 0.0% of bytes")
+    # the bytes say the same: fsdp halves the norms too, which tp=2 would keep whole (6656 bytes fewer than the label)
+    assert wrong["memory"].startswith("rank 0 holds 12327424 bytes of params, expected 12334080 (+-0)")
 
 
 def test_a_label_applied_to_part_of_the_model_is_killed_by_its_own_evidence(pytester):

@@ -34,7 +34,7 @@ def test_the_grid_has_a_memory_column_per_layout():
               cell("c", "llama3 dp4", "eager", held(MIB + MIB // 8, MIB)))["runs"][0]
     headers, body = grid(run)
     assert headers[-1] == "memory: share/rank ×expected"
-    assert {line[0]: line[-1] for line in body} == {"llama3 dp2": "0.500 ×1.00", "llama3 dp4": "0.281 ×1.12"}
+    assert {line[0]: line[-1] for line in body} == {"llama3 dp2": "0.500 ×1.000", "llama3 dp4": "0.281 ×1.125"}
     run["cells"] = [dict(c, memory=None) for c in run["cells"]]  # a target without the probe: no column
     assert "memory: share/rank ×expected" not in grid(run)[0]
 

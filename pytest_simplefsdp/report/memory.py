@@ -16,7 +16,8 @@ def short(rec) -> str:
     mem = rec.get("memory")
     if not mem:
         return ""
-    ratio = "" if mem.get("ratio") is None else f" ×{mem['ratio']:.2f}"
+    # three places: a memory check that fails on a replicated norm (0.9995) must not read as ×1.00
+    ratio = "" if mem.get("ratio") is None else f" ×{mem['ratio']:.3f}"
     return f"{mem['share']:.3f}{ratio}"
 
 
