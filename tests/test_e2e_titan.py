@@ -280,7 +280,7 @@ def test_a_label_applied_to_part_of_the_model_is_killed_by_its_own_evidence(pyte
     result.assert_outcomes(passed=2)
     mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
     assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
-        "fsdp_partial": ("killed", "evidence (dp_shard=2)"),
+        "fsdp_partial": ("killed", "evidence (dp_shard=2, memory)"),
         "memory_policy_partial": ("killed", "evidence (memory_policy=default)")}
     head = mutated["fsdp_partial"]
     assert "saw 44 of 45 parameters" in head["error_line"] and "lm_head.weight over 1 on ranks 0, 1" in head["error_line"]
@@ -288,6 +288,36 @@ def test_a_label_applied_to_part_of_the_model_is_killed_by_its_own_evidence(pyte
     assert not held["ok"] and held["seen"].startswith("rank 0 holds ")  # the head's 2 MiB held twice
     assert head["memory"]["ratio"] > 1.05
     assert "block 0: none on ranks 0, 1" in mutated["memory_policy_partial"]["error_line"]
+
+
+def test_each_axis_applied_to_part_of_the_model_is_killed_by_its_own_evidence(pytester):
+    """TP, HSDP's replication, EP and PP each applied to all of the model but one piece, with training as it was
+    (TP: the first column-wise weight held whole on both TP ranks, its output cut to the TP shard; HSDP: the head
+    sharded over the replicate dimension too; EP: one MoE layer's experts left to the dense mesh, as with EP 1)
+    or a model one block shorter (PP: the last block on no stage). Each is killed by its own axis's evidence,
+    which names the piece."""
+    out = pytester.path / "run.json"
+    cells = ("llama3-dp2-tp2-eager", "llama3-dpr2-dp2-eager", "deepseek_v3-dp2-ep2-eager", "llama3-dp2-pp2-1F1B-eager")
+    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
+                                           f"mutation and ({' or '.join(cells)}) and not fsdp2 and not spmd_types",
+                                           "--simplefsdp-mutants=tp_partial,replicate_partial,ep_partial,pp_partial",
+                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+                                           timeout=1200)
+    result.assert_outcomes(passed=4)
+    mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
+    assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
+        "tp_partial": ("killed", "evidence (tp=2, memory)"),
+        "replicate_partial": ("killed", "evidence (dp_replicate=2, memory)"),
+        "ep_partial": ("killed", "evidence (dp_shard=2, ep=2)"),  # the experts' data-parallel share is not efsdp's
+        "pp_partial": ("killed", "evidence (pp=2)")}
+    seen = {k: {e["axis"]: e["seen"] for e in m["evidence"] if not e["ok"]} for k, m in mutated.items()}
+    assert "layers.0.attention.qkv_linear.wqkv.weight over 1 on ranks 0, 1, 2, 3" in seen["tp_partial"]["tp=2"]
+    assert seen["replicate_partial"]["dp_replicate=2"] == ("44 of 45 parameters, 91.5% of bytes on rank 0: "
+                                                          "lm_head.weight over 1 on ranks 0, 1, 2, 3")
+    assert seen["ep_partial"]["ep=2"].startswith("12 of 15 parameters, 80.0% of bytes on rank 0: "
+                                                 "layers.5.moe.routed_experts.inner_experts.w1_EFD over 1 on ranks 0, 1")
+    assert seen["pp_partial"]["pp=2"].startswith("blocks 5 on none")
+    assert all(m["memory"] for m in mutated.values())  # recorded for every layout, read against each one's rules
 
 
 def test_the_mutation_tier_kills_gradient_load_update_schedule_and_state_bugs(pytester):

@@ -2,11 +2,13 @@
 report; the per-parameter comparison that kills gradient mutants, on hand-made probe records."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from helpers import fake_matrix, run_doc
 from pytest_simplefsdp.spec.matrix import Lane
+from pytest_simplefsdp.judge.mutants import killed_by
 from pytest_simplefsdp.judge.numerics import compare_params, param_line, read_param_stats
 
 MUTANT_TARGET = """\
@@ -45,6 +47,16 @@ def test_each_mutant_verdict_and_the_check_that_killed_it(run_matrix, pytester):
     logs = {m["mutant"]: m["log_dir"] for m in run["mutants"]}
     assert logs["loss_shift"] != logs["noop"] and "mutant-loss_shift" in logs["loss_shift"]
     assert "## mutation tier — profile fake: mutation tier: 2 of 4 mutant runs killed" in md.read_text()
+
+
+def test_an_evidence_kill_names_every_label_part_the_run_did_not_show():
+    """A layout bug can break two label parts at once (EP left off one layer: its experts neither over ep nor at
+    efsdp's data-parallel share); the kill names both, once each, in the evidence's order."""
+    evidence = [{"axis": "compile=eager", "ok": True}, {"axis": "dp_shard=2", "ok": False},
+                {"axis": "ep=2", "ok": False}, {"axis": "ep=2", "ok": False}, {"axis": "memory", "ok": True}]
+    result = SimpleNamespace(failure_class="invalid_config", invariants=None, numerics=None, evidence=evidence)
+    assert killed_by(result) == "evidence (dp_shard=2, ep=2)"
+    assert killed_by(SimpleNamespace(**(vars(result) | {"evidence": []}))) == "evidence"
 
 
 def test_without_the_option_no_mutant_runs(run_matrix, pytester):

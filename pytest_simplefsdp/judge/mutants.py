@@ -53,6 +53,16 @@ TITAN03 = (
     Mutant("memory_policy_partial", "the memory policy tags every transformer block but the first (its "
            "activations all kept)", lambda a: a.get("memory_policy", "none") != "none"
            and a.get("compile", "aot_fx_trace") == "aot_fx_trace"),
+    Mutant("replicate_partial", "HSDP replicates every module over dp_replicate but the output projection, "
+           "sharded instead (over the replicate mesh, or over fsdp alone under hybrid sharding)",
+           lambda a: a.get("dp_replicate", 1) > 1 and a.get("tp", 1) == 1 and a.get("trainer") != "fsdp2"),
+    Mutant("tp_partial", "TP shards every column-wise projection but the first, whose weight every TP rank holds "
+           "whole (the same forward and gradients)", lambda a: a.get("tp", 1) > 1 and a.get("trainer") != "fsdp2"),
+    Mutant("ep_partial", "EP shards the routed experts of every MoE layer but the first, which it leaves to the "
+           "dense mesh as with EP 1 (sharded over fsdp, tokens routed locally: the same training)",
+           lambda a: a.get("ep", 1) > 1 and a.get("tp", 1) == 1 and a.get("trainer") != "fsdp2"),
+    Mutant("pp_partial", "the pipeline split leaves the model's last block out of every stage",
+           lambda a: a.get("pp", 1) > 1),
     # from step 2 on: an update, a schedule and a state that go wrong after the first step
     Mutant("update_lost_from_step2", "from step 2, rank 1's optimizer update of its attention weights is undone",
            lambda a: True),
@@ -90,9 +100,9 @@ def killed_by(result) -> str | None:
         return f"invariant ({result.invariants['check']})"
     if result.failure_class == "numerics" and result.numerics:
         return result.numerics.get("check", "loss")
-    if result.failure_class == "invalid_config":  # which label part the run did not show
-        axis = next((e["axis"] for e in result.evidence if not e["ok"]), None)
-        return f"evidence ({axis})" if axis else "evidence"
+    if result.failure_class == "invalid_config":  # every label part the run did not show, in the evidence's order
+        axes = ", ".join(dict.fromkeys(e["axis"] for e in result.evidence if not e["ok"]))
+        return f"evidence ({axes})" if axes else "evidence"
     return f"exit ({result.failure_class})"
 
 

@@ -11,6 +11,8 @@ mutant is inconclusive, never killed). The training probe (probes.py) calls ``ac
 * ``schedule``: each step, after the LR scheduler step.
 """
 
+import sys
+
 from . import record
 from .effects import block_of
 from .gradmath import local
@@ -127,6 +129,15 @@ def _acted(name):
 # --- a label applied to part of the model: training unchanged, the layout not what the label says ---------------
 
 
+def _own_class(module):
+    """``module`` as an instance of a subclass of its own: SimpleFSDP caches its wrapper class per (module class,
+    parameter names) with the first wrap's parametrization inside, so a head wrapped on its own mesh would lend
+    that mesh to every other module of its class."""
+    cls = module.__class__
+    module.__class__ = type(f"Partial{cls.__name__}", (cls,), {"__module__": cls.__module__})
+    return module
+
+
 @mutant("fsdp_partial", "install")
 def fsdp_partial():
     """SimpleFSDP shards every module but the output projection, which it replicates over the same mesh (its
@@ -139,7 +150,7 @@ def fsdp_partial():
         def data_parallel(model, device_mesh, mode="replicate", *args, **kwargs):
             head = getattr(model, "lm_head", None) or getattr(model, "output", None)
             if mode == "fully_shard" and head is not None and hasattr(model, "layers"):
-                original(head, device_mesh, "replicate", mp_policy=kwargs.get("mp_policy"))
+                original(_own_class(head), device_mesh, "replicate", mp_policy=kwargs.get("mp_policy"))
                 _acted("fsdp_partial")  # data_parallel skips a module it already wrapped
             return original(model, device_mesh, mode, *args, **kwargs)
 
@@ -169,6 +180,144 @@ def memory_policy_partial():
             return out
 
         module.tag_with_memory_policy_pass = tag_with_memory_policy_pass
+
+    return 0
+
+
+@mutant("replicate_partial", "install")
+def replicate_partial():
+    """HSDP replicates every module over dp_replicate but the output projection, which it shards over the
+    replicate mesh dimension too (on dim 1; fsdp keeps dim 0): the same all-gathered weight, its gradient reduced
+    over both dimensions, so the same training; the label's replicas of that module do not exist."""
+
+    @after_import("torchtitan.experiments.graph_trainer.common_utils", "mutant:replicate_partial")
+    def partial(module):
+        import torch.nn as nn
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        simple, original = sys.modules["torchtitan.experiments.graph_trainer.simple_fsdp"], module.data_parallel
+
+        def data_parallel(model, device_mesh, mode="replicate", *args, **kwargs):
+            head = getattr(model, "lm_head", None) or getattr(model, "output", None)
+            if mode in ("replicate", "hybrid_shard") and head is not None and hasattr(model, "layers"):
+                placements = (Shard(1), Shard(0))[-device_mesh.ndim:]  # (replicate dim, fsdp dim) or (replicate)
+                names = [n for n, p in head.named_parameters(recurse=False) if p is not None]
+                for name in names:
+                    head.register_parameter(name, nn.Parameter(distribute_tensor(getattr(head, name), device_mesh,
+                                                                                 placements)))
+                simple._register_parametrization(_own_class(head), names, simple.ReplicateComputation(
+                    device_mesh, placements, mode, mp_policy=kwargs.get("mp_policy")))
+                _acted("replicate_partial")
+            return original(model, device_mesh, mode, *args, **kwargs)
+
+        module.data_parallel = data_parallel
+
+    return 0
+
+
+def _replicated_over_tp(layout):
+    from torchtitan.distributed.parallel_dims import MeshAxisName, SpmdLayout
+    import spmd_types as spmd
+
+    return SpmdLayout({**layout.axis_types, MeshAxisName.TP: spmd.R}, partition_spec=layout.partition_spec)
+
+
+@mutant("tp_partial", "install")
+def tp_partial():
+    """TP shards every column-wise projection but the first, whose weight each TP rank holds whole (its output
+    cut to the TP shard the next module expects, so the forward and the gradients are unchanged)."""
+
+    @after_import("torchtitan.protocols.module", "mutant:tp_partial")
+    def partial(module):
+        import dataclasses
+
+        import spmd_types as spmd
+        from torchtitan.distributed.parallel_dims import MeshAxisName
+
+        original, done = module.Module.parallelize, []
+
+        def colwise(cfg):
+            weight = cfg and cfg.state_shardings.get("weight")
+            out = cfg and cfg.out_src_shardings
+            return (weight is not None and cfg.local_map is None and cfg.out_dst_shardings is None
+                    and weight.axis_types.get(MeshAxisName.TP) == spmd.S(0)
+                    and getattr(out, "axis_types", {}).get(MeshAxisName.TP) == spmd.S(-1))
+
+        def parallelize(self, parallel_dims):
+            if parallel_dims.tp > 1 and not done:
+                done.append(True)  # the root's call: the first module in order, once per process
+                first = next((m for m in self.modules() if colwise(getattr(m, "_sharding_config", None))), None)
+                if first is not None:
+                    cfg = first._sharding_config
+                    first._sharding_config = dataclasses.replace(
+                        cfg, state_shardings={k: _replicated_over_tp(v) for k, v in cfg.state_shardings.items()},
+                        out_src_shardings=_replicated_over_tp(cfg.out_src_shardings),
+                        out_dst_shardings=cfg.out_src_shardings)
+                    _acted("tp_partial")
+            return original(self, parallel_dims)
+
+        module.Module.parallelize = parallelize
+
+    return 0
+
+
+@mutant("ep_partial", "install")
+def ep_partial():
+    """EP shards the routed experts of every MoE layer but the first, whose experts SimpleFSDP then shards over the
+    dense mesh as with EP 1 (its tokens routed locally: the dispatcher's EP 1 path). The same training."""
+
+    @after_import("torchtitan.models.common.moe", "mutant:ep_partial")
+    def partial(module):
+        original, done = module.RoutedExperts.parallelize, []
+
+        def parallelize(self, parallel_dims):
+            if parallel_dims.ep > 1 and not done:
+                done.append(True)
+                for sub in self.modules():  # this subtree counts as parallelized: nothing distributed, no EP mesh
+                    if hasattr(sub, "_parallelized"):
+                        sub._parallelized = True
+                self.inner_experts.simplefsdp_without_ep = True
+                _acted("ep_partial")
+                return None
+            return original(self, parallel_dims)
+
+        module.RoutedExperts.parallelize = parallelize
+
+    @after_import("torchtitan.experiments.graph_trainer.common_utils", "mutant:ep_partial")
+    def dense(module):
+        original = module.data_parallel
+
+        def data_parallel(model, device_mesh, *args, **kwargs):
+            if getattr(model, "simplefsdp_without_ep", False) and "efsdp" in (device_mesh.mesh_dim_names or ()):
+                return model  # left to the dense mesh's wrap, as with EP 1: sharded over fsdp, gradients reduced
+            return original(model, device_mesh, *args, **kwargs)
+
+        module.data_parallel = data_parallel
+
+    return 0
+
+
+@mutant("pp_partial", "install")
+def pp_partial():
+    """The pipeline split leaves the model's last transformer block out of every stage (the stages cover the
+    rest: a model one block shorter trains)."""
+
+    def drop_last(original):
+        def split(*args, **kwargs):
+            stages = [list(s) for s in original(*args, **kwargs)]
+            blocks = [(i, name) for i, s in enumerate(stages) for name in s if name.startswith("layers.")]
+            if blocks:
+                index, name = max(blocks, key=lambda b: int(b[1].split(".")[1]))
+                stages[index].remove(name)
+                _acted("pp_partial")
+            return stages
+
+        return split
+
+    for name in ("torchtitan.distributed.pipeline_parallel", "torchtitan.experiments.graph_trainer.graph_pp.pipeline"):
+        @after_import(name, "mutant:pp_partial")
+        def partial(module):
+            module._generate_llm_fqn_per_model_part = drop_last(module._generate_llm_fqn_per_model_part)
 
     return 0
 
