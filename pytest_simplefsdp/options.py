@@ -101,6 +101,11 @@ def output_file(name, value):
     return p
 
 
+def history_file(name, value):
+    """The history store: off, or a file (default: set by the session, under the rootdir)."""
+    return "off" if value == "off" else output_file(name, value)
+
+
 def output_dir(name, value):
     """A folder the run writes into: checked now."""
     if not value:
@@ -334,6 +339,12 @@ OPTIONS = [
                                       "not map reaches every cell); bare: the --simplefsdp-base commit, else the "
                                       "merge base of HEAD with main. The run says which cells it left out and why",
            const=MERGE_BASE, metavar="REF"),
+    Option("history", "string", None, "the SQLite file every judged cell of every run is appended to (default: "
+                                      ".simplefsdp/history.sqlite under the rootdir; off: none): a cell's pass rate "
+                                      "over its last 10 runs, and a new failure that failed the same way before on "
+                                      "the same versions and passed since is flaky, not new (python -m "
+                                      "pytest_simplefsdp.report HISTORY --format history shows each cell's streak)",
+           history_file, metavar="PATH|off", matrix_only=False),
     Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets, "
                                               "--simplefsdp-bisect=torchtitan and --simplefsdp-base name (default: "
                                               "the checkout torchtitan is installed editable from, else the rootdir "
@@ -380,6 +391,7 @@ class Settings:
     base: str | None
     base_numerics: str
     changed: str | None
+    history: Path | str | None
     torchtitan_repo: Path | None
     update_known_failures: bool
 

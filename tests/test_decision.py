@@ -100,3 +100,50 @@ def test_a_stored_record_is_decided_again_as_the_live_run_decided_it():
     stored_known = dict(now_known, base=None, confirm=None)
     gone = rejudge(stored_known, none, {}, base=BASE.about())
     assert (gone["status"], gone["gate"]) == ("failed", None)
+
+
+def rows(*outcomes):
+    """History rows, newest first: None a pass, an error a failure with that error's signature."""
+    from pytest_simplefsdp.judge.known import signature
+
+    return [{"run": f"runs/{i}", "at": f"2026-12-0{9 - i}T00:00:00", "status": "failed" if e else "passed",
+             "failure_class": "runtime" if e else None, "signature": signature(e) if e else None}
+            for i, e in enumerate(outcomes)]
+
+
+HISTORY = {  # name: earlier runs on the same versions, newest first -> flaky?
+    "failed the same way, passed since": ((None, BOOM), True),
+    "passed, failed the same way, passed since": ((None, None, BOOM, None), True),
+    "only passes before: a first failure is new": ((None, None), False),
+    "failed before, never passed since": ((BOOM, BOOM, None), False),
+    "failed differently before, passed since": ((None, OTHER), False),
+    "no history": ((), False),
+}
+
+
+@pytest.mark.parametrize("name", HISTORY)
+def test_a_failure_its_history_shows_failing_and_passing_since_is_flaky_not_new(name):
+    from pytest_simplefsdp.judge.history import record
+
+    earlier, flaky = HISTORY[name]
+    first = ran(BOOM)
+    history = record(rows(*earlier), "h.sqlite") if earlier else None
+    d = decide(first, [], confirm=confirm_record(first, [ran(BOOM)]), history=history)
+    assert (d.status, d.flaky) == (Status.FAILED, flaky)
+    if flaky:
+        passed = sum(1 for e in earlier if e is None)
+        assert d.verdict.startswith("flaky, new: failed the same way in run runs/") and \
+            d.verdict.endswith(f"passed {passed} of its last {len(earlier)} runs (history h.sqlite)")
+    else:
+        assert d.verdict == "new: failed in every one of 2 runs"
+    # under a PR gate the same history makes it flaky rather than new: it does not fail the gate
+    d = decide(first, [], confirm=confirm_record(first, [ran(BOOM)]), base=base_record([], BASE), gated=True,
+               history=history)
+    assert d.gate == (GateClass.FLAKY if flaky else GateClass.NEW)
+    # a stored record keeps the rows it was judged with: judged again, the same
+    first.confirm, first.history = confirm_record(first, [ran(BOOM)]), history
+    from pytest_simplefsdp.judge.known import KnownFailures
+
+    again = rejudge(first.record(), KnownFailures("none.yaml", []), {})
+    assert (again["flaky"], again["verdict"][:20]) == (flaky, decide(first, [], confirm=first.confirm,
+                                                                     history=history).verdict[:20])

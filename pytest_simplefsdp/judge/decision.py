@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..kinds import GateClass, KnownKind, Status
 from .gate import gate_class
+from .history import flaky_verdict
 from .known import Entry, KnownFailures, signature
 from .results import CellResult
 from .verdict import judge
@@ -50,12 +51,14 @@ def culprit_verdict(confirm: dict) -> str:
 
 
 def decide(result, entries: list, gate=False, updating=False, confirm: dict | None = None,
-           base: dict | None = None, gated: bool | None = None) -> Decision:
+           base: dict | None = None, gated: bool | None = None, history: dict | None = None) -> Decision:
     """The outcome of a finished cell. ``result``: what it did (its status before any verdict: passed, or failed
     with a class); ``entries``: the known failures that apply; ``confirm``: its own runs' record (a new failure
     confirmed, or the job that failed it run again); ``base``: the base's record of a failure asked about there
     (base_record; runs 0: it could not run there); ``gated``: the run is a PR's (--simplefsdp-base; default: a base
-    record is given). A gated failure with no base record was never asked about there: it has no class."""
+    record is given). A gated failure with no base record was never asked about there: it has no class.
+    ``history``: the cell's earlier runs on its versions (judge.history.record): a failure they show failing the
+    same way and passing since is flaky where its own runs did not say so."""
     v = judge(result, entries, gate, updating)
     d = Decision(v.outcome, v.message, v.entry, v.flaky)
     if result.status == Status.PASSED or not result.failure_class or v.entry is not None:
@@ -67,8 +70,12 @@ def decide(result, entries: list, gate=False, updating=False, confirm: dict | No
             d.verdict = culprit_verdict(confirm)
     elif confirm and confirm.get("runs", 1) > 1:
         d.flaky, d.verdict = own_runs_verdict(confirm)
+    mine = result.signature or signature(result.error_text or result.error_line)
+    if not d.flaky and not (confirm and confirm.get("culprit")):
+        earlier = flaky_verdict(history, mine)
+        if earlier:
+            d.flaky, d.verdict = True, earlier
     if base is not None:
-        mine = result.signature or signature(result.error_text or result.error_line)
         d.gate, d.verdict = gate_class(mine, d.flaky, d.verdict, base)
         if d.gate != GateClass.NEW:
             d.status = Status.XFAILED
@@ -103,7 +110,8 @@ def rejudge(rec: dict, known: KnownFailures, env: dict, gate: bool = False, base
     result = CellResult.from_record(rec)
     result.status = Status.FAILED if rec.get("failure_class") else Status.PASSED  # before any verdict
     result.signature = ""
-    d = decide(result, entries, gate, confirm=rec.get("confirm"), base=rec.get("base"), gated=base is not None)
+    d = decide(result, entries, gate, confirm=rec.get("confirm"), base=rec.get("base"), gated=base is not None,
+               history=rec.get("history"))
     record_decision(result, d)
     fresh = result.record()
     return {**rec, **{k: fresh[k] for k in ("status", "verdict", "flaky", "signature", "known_failure",

@@ -80,6 +80,7 @@ class CellResult:
     verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
     flaky: bool = False
     confirm: dict | None = None  # a new failure's confirming runs: {runs, passed, pass_rate, signatures}
+    history: dict | None = None  # ... its cell's earlier runs on its versions (judge.history.record), newest first
     gate: GateClass | None = None  # under --simplefsdp-base, a failure's class against the base (new fails the gate)
     base: dict | None = None  # ... the cell on the base: {ref, commit, runs, passed, signatures, lines, folders}
     base_numerics: dict | None = None  # a passing smoke cell against itself on the base (judge.gate.numerics_vs_base)

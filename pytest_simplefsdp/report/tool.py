@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -15,11 +16,12 @@ from ..kinds import Status
 from ..paths import KNOWN_FAILURES, MATRIX_DIR
 from ..spec.matrix import load_matrix
 from ..spec.upstream import UPSTREAM_AXES
+from ..store.history import WINDOW, History
 from ..store.runs import RunError, load_run
 from ..versions.git import Commit
 from ..words import plural
 from ..yamlio import MatrixError
-from . import memory, noise, page
+from . import history, memory, noise, page
 from .compare import change_lines, compare_runs
 from .gate import gate as pr_gate
 from .markdown import render_md
@@ -81,12 +83,15 @@ def main(argv=None):
         description="Render a stored simplefsdp run (JSON or JSON lines), judged again against the known-failures "
                     "file that judged it (or another), optionally compared with an older run. Exits 1 under --gate "
                     "when any cell fails.")
-    parser.add_argument("run", metavar="RUN", help="a --simplefsdp-json document or a run's results.jsonl")
-    parser.add_argument("--format", choices=("text", "md", "json", "noise", "memory"), default="text",
+    parser.add_argument("run", metavar="RUN", help="a --simplefsdp-json document or a run's results.jsonl (with "
+                                                   "--format history: the history store, .simplefsdp/history.sqlite)")
+    parser.add_argument("--format", choices=("text", "md", "json", "noise", "memory", "history"), default="text",
                         help="text (the terminal table), md (the status markdown), json (the run document), noise "
                              "(each layout's noise, as a profile's numerics `noise` file holds it), memory (the bytes "
                              "each rank of each cell held after step 1, against its layout; with --compare, against "
-                             "the older run's)")
+                             "the older run's), history (each cell's streak and pass rate in the history store RUN)")
+    parser.add_argument("--last", metavar="N", type=int, default=WINDOW,
+                        help=f"--format history: the runs per cell to read (default {WINDOW})")
     parser.add_argument("--known-failures", metavar="YAML", type=Path, default=None,
                         help="re-judge every cell against this file (default: the file the run records as its "
                              "judge; for runs that do not say: the shipped one)")
@@ -102,6 +107,16 @@ def main(argv=None):
     parser.add_argument("--html", metavar="PATH", type=Path,
                         help="also write the run as an HTML page: DIR/index.html, or one self-contained FILE.html")
     args = parser.parse_args(argv)
+    if args.format == "history":
+        if not Path(args.run).is_file():
+            parser.error(f"{args.run}: no such history store")
+        if args.last < 1:
+            parser.error(f"--last: at least 1 run, got {args.last}")
+        try:
+            sys.stdout.write(history.render(History(args.run).streaks(args.last), args.last))
+        except sqlite3.DatabaseError as e:
+            raise SystemExit(f"{args.run}: not a history store: {e}") from None
+        return 0
     if args.as_stored and (args.known_failures or args.gate):
         parser.error("--as-stored shows the stored verdicts: it takes no --known-failures or --gate")
     doc = _load(parser, args.run)

@@ -16,6 +16,7 @@ import pytest
 from ..judge import mutants
 from ..judge.decision import confirm_record, decide, record_decision
 from ..judge.gate import base_record, numerics_vs_base
+from ..judge.history import record as history_record
 from ..judge.results import CellResult
 from ..judge.verdict import Verdict
 from ..kinds import FailureClass, GateClass, KnownKind, RecordType, Status
@@ -24,6 +25,7 @@ from ..options import settings
 from ..paths import output_root
 from ..run.baselines import Book, Unavailable, param_stats
 from ..run.runner import CellRunner
+from ..store.history import History, versions_of
 from ..store.results import ResultStore
 from ..versions.envs import Environments
 from ..versions.sets import cell_set
@@ -72,6 +74,11 @@ class MatrixSession:
         self.store = ResultStore(self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name,
                                  config.hook, config, about=about)
         self.store.selections = self.selections
+        # --simplefsdp-history: every process reads a cell's earlier runs; the controller alone appends
+        self.history = None if s.history == "off" or s.dry_run or config.option.collectonly else \
+            History(s.history or self.cache_dir / "history.sqlite")
+        if self.worker is None:
+            self.store.history = self.history
         self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
         self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
         self.phases = {}  # cell key -> [(what it waits for now, since)]: the progress line names it
@@ -146,17 +153,25 @@ class MatrixSession:
         first = decide(result, entries, self.settings.gate, self.settings.update_known_failures)
         if first.status == Status.FAILED and result.failure_class and first.entry is None:
             self.confirm(run, cell, result)  # (a culprit that passes on its rerun leaves the cell judged anew)
+            result.history = self.history_of(run, cell, result)
             if self.base is not None and result.status == Status.FAILED and result.failure_class:
                 result.base = self.against_base(run, cell, result, entries)
         d = decide(result, entries, self.settings.gate, self.settings.update_known_failures, result.confirm,
-                   result.base, gated=self.base is not None)
+                   result.base, gated=self.base is not None, history=result.history)
         if d.status == Status.PASSED and self.base is not None and cell.smoke and result.status == Status.PASSED \
                 and self.settings.base_numerics != "off":
             if self.numerics_against_base(run, cell, result):  # --simplefsdp-base-numerics=fail, and it moved
                 d = decide(result, entries, self.settings.gate, self.settings.update_known_failures, None,
-                           result.base, gated=True)
+                           result.base, gated=True, history=result.history)
         record_decision(result, d)
         return result, Verdict(d.status, d.entry, d.verdict, d.flaky)
+
+    def history_of(self, run, cell, result) -> dict | None:
+        """A new failure's cell history: its newest earlier runs on the same versions (None: none kept)."""
+        if self.history is None:
+            return None
+        rows = self.history.of(run.matrix.profile, cell.id, versions_of(run, result.versions))
+        return history_record(rows, str(self.history.path)) if rows else None
 
     def numerics_against_base(self, run, cell, result) -> bool:
         """--simplefsdp-base-numerics: a passing smoke cell run once on the base (``<cell>/base-numerics-<set>-1/``,
@@ -187,7 +202,7 @@ class MatrixSession:
         """--simplefsdp-base: a new failure run again on the base's torchtitan (--simplefsdp-confirm runs, each in
         ``<cell>/base-<set>-<N>/``); its record (judge.gate.base_record). A flaky cell (its own runs disagree) and
         one that never ran are not run again."""
-        flaky = decide(result, entries, confirm=result.confirm).flaky
+        flaky = decide(result, entries, confirm=result.confirm, history=result.history).flaky
         runs = []
         if not flaky and not result.not_run:
             with self.phase(run, cell, f"a run on the base {self.base.name()}"):

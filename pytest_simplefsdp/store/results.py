@@ -5,12 +5,16 @@ report of their item carries them (pytest-xdist takes them from a worker to the 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import sqlite3
 import threading
+import warnings
 from pathlib import Path
 
-from ..kinds import RecordType
+from ..kinds import RecordType, Status
+from .history import versions_of
 
 
 class ResultStore:
@@ -23,6 +27,7 @@ class ResultStore:
         self.records = []  # every record of the run, from the test reports: what the table and JSON show
         self.jsonl = None
         self.selections = {}  # run name -> its --simplefsdp-changed selection (the session's, filled at collection)
+        self.history = None  # store.history.History the controller appends each judged cell to (None: off)
 
     @property
     def path(self):
@@ -53,6 +58,7 @@ class ResultStore:
             self.records.append(rec)
             self._open()
             self._write(rec)
+            self._remember(rec)
         if self.hook is not None:
             self.hook.pytest_simplefsdp_cell_result(config=self.config, record=rec)
 
@@ -69,6 +75,20 @@ class ResultStore:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         os.fsync(self.jsonl.fileno())
+
+    def _remember(self, rec):
+        """The cell's row in the history store (its own runs only: not a mutant's, a baseline's or a skip)."""
+        if self.history is None or rec["type"] != RecordType.CELL or rec.get("mutant") \
+                or rec["status"] == Status.SKIPPED:
+            return
+        run = next(r for r in self.runs if r.name == rec["matrix"])
+        try:
+            self.history.append(str(self.run_dir), datetime.datetime.now().isoformat(timespec="seconds"),
+                                run.matrix.profile, {**rec, "versions": versions_of(run, rec.get("versions") or {})})
+        except sqlite3.Error as e:  # the run's own records stand; only the history stops
+            warnings.warn(f"simplefsdp: the history store {self.history.path} failed ({e}); cells from here on are "
+                          "not added to it")
+            self.history = None
 
     def meta(self, run):
         chosen = self.selections.get(run.name)  # --simplefsdp-changed: the cells the change reaches (set at collection)
@@ -93,6 +113,8 @@ class ResultStore:
         return {"runs": runs}
 
     def close(self):
+        if self.history is not None:
+            self.history.close()
         if self.jsonl is not None:
             self.jsonl.close()
             self.jsonl = None

@@ -32,6 +32,7 @@ class CellRecord(Record):
     mutation: Mutation | None = None
     gate: GateClass | None = None  # under --simplefsdp-base: new, broken trunk, flaky or known
     memory: dict[str, Any] | None = None  # judge.layout.Memory: bytes per rank after step 1 (older runs: none)
+    history: dict[str, Any] | None = None  # a new failure's cell history (judge.history.record; older runs: none)
 
 
 class DroppedRecord(Record):
