@@ -345,6 +345,11 @@ OPTIONS = [
                                       "the same versions and passed since is flaky, not new (python -m "
                                       "pytest_simplefsdp.report HISTORY --format history shows each cell's streak)",
            history_file, metavar="PATH|off", matrix_only=False),
+    Option("sentinel", "string", None, "the nightly sentinel, unattended: FOLDER keeps the last nightly's outcomes; "
+                                       "each cell that passed then and fails now as new is confirmed, bisected over "
+                                       "the torchtitan commits (of --simplefsdp-torchtitan-repo) or torch releases "
+                                       "since it last passed, and one issue body and one known-failures draft per "
+                                       "bug are written into FOLDER/<time>/", output_dir, metavar="FOLDER"),
     Option("torchtitan-repo", "string", None, "a git checkout of torchtitan whose commits version sets, "
                                               "--simplefsdp-bisect=torchtitan and --simplefsdp-base name (default: "
                                               "the checkout torchtitan is installed editable from, else the rootdir "
@@ -392,6 +397,7 @@ class Settings:
     base_numerics: str
     changed: str | None
     history: Path | str | None
+    sentinel: Path | None
     torchtitan_repo: Path | None
     update_known_failures: bool
 
@@ -404,6 +410,9 @@ class Settings:
         if values["twin"] and values["versions"]:
             raise pytest.UsageError("--simplefsdp-twin runs the installed versions and one more set; "
                                     "--simplefsdp-versions names every set itself: give one of the two")
+        if values["sentinel"] and values["bisect"]:
+            raise pytest.UsageError("--simplefsdp-sentinel bisects the cells that turned red over what changed since "
+                                    "they passed: drop --simplefsdp-bisect")
         if values["base"] and (values["twin"] or values["versions"]):
             raise pytest.UsageError("--simplefsdp-base reruns failures on the base's torchtitan; it runs the installed "
                                     "versions only: drop --simplefsdp-twin / --simplefsdp-versions")

@@ -239,3 +239,21 @@ def plant_in_history(repo, at, bug, branch="planted") -> tuple[str, str]:
     new_tip = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True,
                              capture_output=True, text=True).stdout.strip()
     return planted, new_tip
+
+
+def fake_checkout(repo):
+    """``repo`` made a fake torchtitan checkout, its stand-in package built by uv's own backend (offline)."""
+    (repo / "torchtitan").mkdir(parents=True, exist_ok=True)
+    (repo / "torchtitan" / "__init__.py").write_text("")
+    (repo / "pyproject.toml").write_text(textwrap.dedent("""\
+        [project]
+        name = "torchtitan"
+        version = "0.2.2"
+        [build-system]
+        requires = ["uv_build>=0.8,<1"]
+        build-backend = "uv_build"
+        [tool.uv.build-backend]
+        module-root = ""
+        """))
+    (repo / ".gitignore").write_text("*.yaml\n*.json\nruns/\n")
+    subprocess.run([*GIT, "init", "-q", "-b", "main", str(repo)], check=True)

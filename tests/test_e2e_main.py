@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_EPS, PLANT_TRACE, cells_of, plant
+from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_EPS, PLANT_TRACE, cells_of, plant, plant_in_history
 from pytest_simplefsdp.machine import source_checkout
 
 CHECKOUT = Path(os.environ.get("SIMPLEFSDP_MAIN_CHECKOUT", "/nonexistent"))
@@ -260,3 +260,46 @@ def test_each_spmd_backend_has_a_cpu_cell_on_main(pytester):
     assert seen["spmd_backend=partial_dtensor"]["ok"] and seen["spmd_backend=partial_dtensor"]["seen"] == (
         "partial_dtensor on ranks 0, 1")
     assert cells["llama3-dp2-eager-spmd_types"]["known_failure"] == "simplefsdp-spmd-types-no-fsdp-mesh"
+
+
+# --- issue 49: the nightly sentinel on main, unattended
+
+
+@pytest.fixture
+def planted_main():
+    """main's history with a regression planted three commits before its head (EP refused; the later commits
+    cherry-picked on top, branch ``sentinel-demo``): (the commit before it, the planted commit, the new head)."""
+    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    before = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD~3"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    try:
+        planted, tip = plant_in_history(CHECKOUT, before, PLANT_EP, branch="sentinel-demo")
+        yield before, planted, tip
+    finally:
+        subprocess.run([*GIT, "-C", str(CHECKOUT), "checkout", "-qf", head], check=True)
+        subprocess.run([*GIT, "-C", str(CHECKOUT), "branch", "-qD", "sentinel-demo"], check=False)
+
+
+def test_the_sentinel_on_main_finds_the_planted_commit_unattended(tmp_path, planted_main):
+    """Two nightlies, the same command each night: the first on main before the regression (green), the second on
+    the new head. The second confirms the red cell, bisects the torchtitan commits since it last passed and writes
+    the issue body naming the planted commit, and the known-failures draft with its window."""
+    before, planted, tip = planted_main
+    matrix, folder = tmp_path / "ep.yaml", tmp_path / "nightly"
+    matrix.write_text(EP_ONLY)
+    nights = []
+    for n, commit in enumerate((before, tip)):
+        proc, _ = in_checkout(tmp_path / f"night{n}", f"--simplefsdp-matrix-file={matrix}",
+                              f"--simplefsdp-sentinel={folder}", f"--simplefsdp-versions=torchtitan@{commit}")
+        nights.append(proc)
+    assert nights[0].returncode == 0, nights[0].stdout[-3000:] + nights[0].stderr[-2000:]
+    assert nights[1].returncode == 1 and "1 cell(s) turned red since the last nightly" in nights[1].stdout, \
+        nights[1].stdout[-4000:] + nights[1].stderr[-2000:]
+    out = Path(json.loads((folder / "nightly.json").read_text())["run"])
+    (issue,) = (out / "issues").iterdir()
+    body = issue.read_text()
+    assert f"regressed in @{planted}" in body and REFUSED in body, body[:3000]
+    assert f"--simplefsdp-versions=torchtitan@{planted}" in body  # the reproducer pins the failing commit
+    draft = (out / "known_failures.draft.yaml").read_text()
+    assert f"first_failing: {{torchtitan: {planted}}}" in draft, draft

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import GIT, cells_of, commit_all, fake_matrix, module_matrix, report_tool
+from helpers import GIT, cells_of, commit_all, fake_checkout, fake_matrix, module_matrix, report_tool
 
 pytestmark = pytest.mark.fake
 
@@ -246,24 +246,6 @@ def test_a_torchtitan_commit_bisection_finds_the_commit_on_a_fake_checkout(run_m
 # --- run from inside the checkout, as the README's gate runs: the base, a twin's side and a bisection's probes must
 # run their own commit's code, never the checkout the working folder holds (its torchtitan first on a `python -m`
 # rank's path)
-
-
-def fake_checkout(repo):
-    """``repo`` made a fake torchtitan checkout, its stand-in package built by uv's own backend (offline)."""
-    (repo / "torchtitan").mkdir(parents=True, exist_ok=True)
-    (repo / "torchtitan" / "__init__.py").write_text("")
-    (repo / "pyproject.toml").write_text(textwrap.dedent("""\
-        [project]
-        name = "torchtitan"
-        version = "0.2.2"
-        [build-system]
-        requires = ["uv_build>=0.8,<1"]
-        build-backend = "uv_build"
-        [tool.uv.build-backend]
-        module-root = ""
-        """))
-    (repo / ".gitignore").write_text("*.yaml\n*.json\nruns/\n")
-    subprocess.run([*GIT, "init", "-q", "-b", "main", str(repo)], check=True)
 
 
 @pytest.fixture

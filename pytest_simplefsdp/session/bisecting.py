@@ -46,9 +46,11 @@ class Found:
 
 
 class Bisector:
-    def __init__(self, state):
+    def __init__(self, state, package=None, spec=None):
+        """``package`` and ``spec``: what to bisect over (default: --simplefsdp-bisect, --simplefsdp-bisect-versions)."""
         self.state, self.settings = state, state.settings
-        self.package = self.settings.bisect
+        self.package = package or self.settings.bisect
+        self.spec = (self.settings.bisect_versions if spec is None else spec) or ""
 
     def to_bisect(self, records, selected):
         """[(run, cell, record)]: every new failure of the run; where the selection was narrowed (-k, node ids) every
@@ -68,7 +70,7 @@ class Bisector:
     def versions(self, current: str) -> list[str]:
         """The ordered list to search: --simplefsdp-bisect-versions (a list, a range of the index's releases, a folder
         of wheels, an index URL, or GOOD..BAD commits), else the index's releases of the last minor versions."""
-        spec = (self.settings.bisect_versions or "").strip()
+        spec = self.spec.strip()
         if self.package == "torchtitan" and ".." in spec:
             return [f"@{sha}" for sha in commits(self.settings.torchtitan_repo, spec)]  # (in the history's order)
         if spec.startswith(("http://", "https://")):

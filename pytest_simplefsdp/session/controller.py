@@ -23,6 +23,7 @@ from ..spec.paths import select
 from ..words import plural
 from ..yamlio import MatrixError
 from .bisecting import Bisector
+from .sentinel import Sentinel
 from .items import CellItem, MatrixCollector
 from .reporting import Reporter
 from .setup import check_plugins
@@ -210,6 +211,12 @@ class Controller:
         if self.settings.bisect and not self.settings.dry_run and self.worker is None \
                 and not self.config.option.collectonly:
             self.reporter.bisections = Bisector(state).run(state.store.records, self.reporter.selected)
+        if self.settings.sentinel and not self.settings.dry_run and self.worker is None \
+                and not self.config.option.collectonly:
+            sentinel = Sentinel(state, self.settings.sentinel)
+            self.reporter.bisections = sentinel.run(state.store.records, self.reporter.selected)
+            self.reporter.sentinel_lines = sentinel.write(state.store.records, self.reporter.selected,
+                                                          self.reporter.bisections)
         self.reporter.incidents, self.reporter.leftover_lines = state.close()
         if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and state.selections \
                 and not any(sel["selected"] for sel in state.selections.values()):

@@ -39,7 +39,8 @@ class Reporter:
         self.selected = []  # (run, cell) of the collected items, in order
         self.progress = None
         self.incidents, self.leftover_lines, self.update_lines, self.update_path = [], [], [], None
-        self.bisections = []  # session.bisecting.Found of --simplefsdp-bisect
+        self.bisections = []  # session.bisecting.Found of --simplefsdp-bisect (or of the sentinel)
+        self.sentinel_lines = []  # --simplefsdp-sentinel: what it found and wrote
 
     def summary(self, tr):
         s, state = self.settings, self.state
@@ -70,6 +71,10 @@ class Reporter:
         self.gate_section(tr, doc)
         self.twin_section(tr, doc)
         self.bisect_section(tr, doc)
+        if self.sentinel_lines:
+            tr.section("simplefsdp sentinel")
+            for line in self.sentinel_lines:
+                tr.write_line(line)
         if state.store.jsonl is not None:
             tr.write_line(f"results: {shown(state.store.path, self.root)}")
         for run_doc in doc["runs"]:
