@@ -29,19 +29,7 @@ def titan_repo(tmp_path, monkeypatch):
     if shutil.which("uv") is None and not os.path.exists(os.path.join(os.path.dirname(os.sys.executable), "uv")):
         pytest.skip("uv is not installed (pip install uv; tox installs it)")
     repo = tmp_path / "torchtitan-checkout"
-    (repo / "torchtitan").mkdir(parents=True)
-    (repo / "torchtitan" / "__init__.py").write_text("")
-    (repo / "pyproject.toml").write_text(textwrap.dedent("""\
-        [project]
-        name = "torchtitan"
-        version = "0.2.2"
-        [build-system]
-        requires = ["uv_build>=0.8,<1"]
-        build-backend = "uv_build"
-        [tool.uv.build-backend]
-        module-root = ""
-        """))
-    subprocess.run([*GIT, "init", "-q", "-b", "main", str(repo)], check=True)
+    fake_checkout(repo)
     base = commit(repo, "trunk\ndiffers other\n", "the base")
     subprocess.run([*GIT, "-C", str(repo), "checkout", "-qb", "pr"], check=True)
     commit(repo, "", "the pull request")
