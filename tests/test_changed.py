@@ -42,11 +42,16 @@ def test_a_change_runs_only_the_cells_it_can_reach(pytester, checkout):
     (repo / DSV3).write_text("# the PR's edit\n")
     (repo / "README.md").write_text("# docs\n")
     (repo / "torchtitan/experiments/rl/new_file.py").write_text("")  # untracked: counts as changed
+    for built in ("torchtitan.egg-info/PKG-INFO", "torchtitan/__pycache__/trainer.cpython-311.pyc"):
+        (repo / built).parent.mkdir(exist_ok=True)  # an editable install's files where no .gitignore hides them
+        (repo / built).write_text("")
     model = dry_run(pytester, repo, f"--simplefsdp-changed={base}")
     assert model.parseoutcomes() == {"skipped": dsv3, "deselected": total - dsv3}, model.stdout.str()[-3000:]
-    model.stdout.fnmatch_lines([f"simplefsdp: --simplefsdp-changed: 3 files changed since {base} ({base}) reach "
+    model.stdout.fnmatch_lines([f"simplefsdp: --simplefsdp-changed: 5 files changed since {base} ({base}) reach "
                                 f"{dsv3} of {total} cells of matrix/cpu.yaml; {total - dsv3} left out",
                                 "    README.md: no cell (documentation; *titan03.yaml:*)",
+                                "    torchtitan.egg-info/PKG-INFO: no cell (pip's metadata*",
+                                "    torchtitan/__pycache__/trainer.cpython-311.pyc: no cell (Python's bytecode cache*",
                                 f"    {DSV3}: model=deepseek_v3 cells (graph_trainer's deepseek_v3; *titan03.yaml:*)",
                                 "    torchtitan/experiments/rl/new_file.py: no cell (another experiment*"])
     commit_all(repo, "the pull request")

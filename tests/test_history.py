@@ -85,3 +85,19 @@ def test_the_report_tool_refuses_a_file_that_is_not_a_history_store(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(bad), "--format", "history"],
                           capture_output=True, text=True)
     assert done.returncode == 1 and f"{bad}: not a history store" in done.stderr
+
+
+def test_an_unreadable_store_warns_and_judges_without_history(run_matrix, pytester, monkeypatch):
+    """A history file that is not SQLite (a half-copied store, another file at its path): the failing cell is judged
+    new as without history, the run's records stand, and the store's trouble is said once, not raised."""
+    says, out, store = pytester.path / "says.txt", pytester.path / "run.json", pytester.path / "h.sqlite"
+    monkeypatch.setenv("FAKE_TORCHTITAN_SAYS", str(says))
+    says.write_text("pass fail\n")
+    store.write_bytes(b"not a database, " * 256)
+    result = run_matrix(fake_matrix(modes=["pass"], args=', "--torchtitan-says"'), f"--simplefsdp-json={out}",
+                        f"--simplefsdp-history={store}")
+    result.assert_outcomes(failed=1)
+    rec = run_doc(out)["cells"][0]
+    assert (rec["status"], rec["flaky"], rec["history"]) == ("failed", False, None)
+    result.stdout.fnmatch_lines([f"*the history store {store} could not be read (file is not a database)*"])
+    assert store.read_bytes() == b"not a database, " * 256  # left as it was

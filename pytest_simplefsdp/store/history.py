@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import warnings
 from contextlib import closing
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class History:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.db = None
+        self.unreadable = False  # set on the first read that failed: judged without history from then on
 
     def _connect(self, write=False):
         if write:
@@ -55,14 +57,23 @@ class History:
 
     def of(self, profile: str, cell: str, versions: dict, before_run: str | None = None, limit=WINDOW) -> list:
         """The cell's newest ``limit`` rows on these versions (those of ``before_run`` left out: the run asking),
-        newest first, as {run, at, status, failure_class, signature}."""
-        db = self._connect()
-        if db is None:
+        newest first, as {run, at, status, failure_class, signature}. A store that cannot be read (not SQLite,
+        corrupt, locked past the timeout) warns once and reads as no history: a verdict never waits on it."""
+        if self.unreadable:
             return []
-        with closing(db):
-            rows = db.execute("SELECT run, at, status, failure_class, signature FROM cells WHERE profile = ? AND "
-                              "cell = ? AND versions = ? AND run != ? ORDER BY at DESC, rowid DESC LIMIT ?",
-                              (profile, cell, versions_key(versions), before_run or "", limit)).fetchall()
+        try:
+            db = self._connect()
+            if db is None:
+                return []
+            with closing(db):
+                rows = db.execute("SELECT run, at, status, failure_class, signature FROM cells WHERE profile = ? AND "
+                                  "cell = ? AND versions = ? AND run != ? ORDER BY at DESC, rowid DESC LIMIT ?",
+                                  (profile, cell, versions_key(versions), before_run or "", limit)).fetchall()
+        except sqlite3.Error as e:
+            self.unreadable = True
+            warnings.warn(f"simplefsdp: the history store {self.path} could not be read ({e}); failures are judged "
+                          f"without their history")
+            return []
         return [dict(zip(("run", "at", "status", "failure_class", "signature"), r)) for r in rows]
 
     def streaks(self, limit=WINDOW) -> list:
