@@ -27,13 +27,17 @@ import pytest
 
 class Target(Protocol):
     """What a cell runs. Built in: targets.Titan03, Titan02, CommandTarget (on targets.base.Target, which
-    fills every member below; a plugin's target usually subclasses one of them)."""
+    fills every member below; a plugin's target usually subclasses one of them). Every member the rest of the
+    package reads on a target is listed here (tests/test_layout.py fails on one that is not)."""
 
     name: str
     spelling: str  # how flags were spelled, for the header
     MUTANTS: tuple  # judge.mutants.Mutant the target can re-inject
     REQUIRES: tuple  # what a version set's environment installs beyond its pins (titan03: torch, torchtitan, triton)
     SUPPORTS: dict  # package -> the version range it runs against ({}: any); a set outside it is marked
+    PROVES: tuple  # the packages every rank records it imported (optional: none)
+    LOADED: str  # what a rank's log says once it loaded a checkpoint (the feature's later runs)
+    python_for: object  # set by the session: version set label -> the Python of its environment
 
     def check_installed(self) -> str | None: ...  # why it cannot run here, or None
     def bind(self, cells) -> dict: ...  # last checks against what is installed; the cells not offered here -> why
@@ -47,6 +51,12 @@ class Target(Protocol):
     def losses(self, dump_folder: Path) -> dict: ...  # step -> loss at full precision ({}: the log's)
     # -> RankCommand of the seed checkpoint, or None; ``versions``: the label of the version set it runs on
     def seed_command(self, model: str, folder: Path, versions: str = "installed"): ...
+    def outside_range(self, versions: dict) -> list: ...  # what of a version set lies outside SUPPORTS, a line each
+    def path_rules(self) -> list: ...  # --simplefsdp-changed: spec.paths.PathRule of its torchtitan paths
+    def runs(self, cell) -> int: ...  # how many runs the cell's feature makes (a resume: 2)
+    def before_steps(self, cell) -> list: ...  # the steps one process runs before the cell (e.g. precompile)
+    def step_command(self, cell, step: str, dump_folder: Path, seed_folder: Path | None = None): ...
+    def loaded_checkpoint(self, log_text: str) -> bool: ...  # a later run's rank 0 log shows it loaded one
 
 
 class Launcher(Protocol):

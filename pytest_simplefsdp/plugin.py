@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from .keys import CONTROLLER
 from .options import OPTIONS, add_options, raw
 
 BUILTINS_PLUGIN = "simplefsdp-builtins"
@@ -44,7 +45,8 @@ def pytest_configure(config):
         from .session.controller import Controller  # the controller and its dependencies: matrix runs only
 
         register_builtins(config)
-        config.pluginmanager.register(Controller(config), SESSION_PLUGIN)
+        config.stash[CONTROLLER] = controller = Controller(config)  # (read back from the stash, never by name)
+        config.pluginmanager.register(controller, SESSION_PLUGIN)  # its hooks
         signal.signal(signal.SIGTERM, _terminate)
     else:
         from .options import check_unused
@@ -76,7 +78,7 @@ def pytest_runtest_makereport(item, call):
     reason = getattr(item, "xpass_reason", None)
     if reason and call.when == "call" and rep.passed:
         rep.wasxfail = reason
-    controller = item.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    controller = item.config.stash.get(CONTROLLER, None)
     if call.when == "call" and controller is not None and hasattr(item, "cell"):
         rep.simplefsdp_records = controller.session.store.take_pending()
     return rep

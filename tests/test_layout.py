@@ -41,6 +41,47 @@ def test_the_check_catches_a_private_use(tmp_path):
         bad.unlink()
 
 
+def target_reads(path):
+    """(line, member) of every member read on a target outside targets/: ``<x>.target.<member>`` and
+    ``getattr(<x>.target, "<member>", ...)``."""
+    tree, out = ast.parse(path.read_text()), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "target":
+            out.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2 \
+                and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "target" \
+                and isinstance(node.args[1], ast.Constant):
+            out.append((node.lineno, node.args[1].value))
+    return out
+
+
+def undeclared_target_reads(paths):
+    from pytest_simplefsdp.hookspecs import Target
+
+    declared = set(Target.__annotations__) | {n for n in vars(Target) if not n.startswith("_")}
+    return [f"{p.relative_to(PACKAGE)}:{line}: target.{name}" for p in paths for line, name in target_reads(p)
+            if name not in declared]
+
+
+def test_every_member_read_on_a_target_is_in_the_target_protocol():
+    """A plugin's target is built from hookspecs.Target: a member the package reads that the protocol does not
+    list would fail only at run time, on someone else's target."""
+    paths = [p for p in sorted(PACKAGE.rglob("*.py")) if "targets" not in p.relative_to(PACKAGE).parts]
+    assert sum(len(target_reads(p)) for p in paths) > 30  # (the walk sees the package's reads)
+    assert undeclared_target_reads(paths) == []
+
+
+def test_the_protocol_check_catches_an_undeclared_read():
+    bad = PACKAGE / "run" / "_protocol_probe.py"
+    bad.write_text("def f(run):\n    run.target.command()\n    return run.target.made_up, "
+                   "getattr(run.target, 'ALSO_MADE_UP', None)\n")
+    try:
+        assert undeclared_target_reads([bad]) == ["run/_protocol_probe.py:3: target.made_up",
+                                                  "run/_protocol_probe.py:3: target.ALSO_MADE_UP"]
+    finally:
+        bad.unlink()
+
+
 def module_name(path):
     rel = path.relative_to(PACKAGE.parent).with_suffix("")
     parts = list(rel.parts)

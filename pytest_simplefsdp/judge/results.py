@@ -95,6 +95,14 @@ class CellResult:
     mutation: Mutation | None = None  # ... killed, survived, or inconclusive (the mutant changed nothing)
     killed_by: str | None = None  # ... the check that caught it: exit (<class>), evidence, loss, grad_norm, ...
 
+    @classmethod
+    def infra(cls, cell, line, culprit=None, not_run=False) -> "CellResult":
+        """A cell failed as infra around its own run, not by it: its version set cannot be built, its seed or
+        baseline failed (``culprit`` names that job), or the plugin failed on it; ``line`` says which."""
+        return cls(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
+                   world=cell.world, error_line=line, error_text=line, mutant=getattr(cell, "mutant", None),
+                   culprit=culprit or None, not_run=not_run)
+
     def fail(self, failure_class, line, rank=None, text=None):
         self.status, self.failure_class, self.error_line, self.failing_rank = Status.FAILED, failure_class, line, rank
         self.error_text = text or line

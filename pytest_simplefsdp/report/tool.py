@@ -21,9 +21,8 @@ from ..store.runs import RunError, load_run
 from ..versions.git import Commit
 from ..words import plural
 from ..yamlio import MatrixError
-from . import history, memory, noise, page
-from .compare import change_lines, compare_runs
-from .gate import gate as pr_gate
+from . import document, history, memory, noise, page
+from .compare import change_lines
 from .markdown import render_md
 from .tables import render_text
 
@@ -42,8 +41,7 @@ def known_for(path, doc):
 
 def rejudged(doc, known, gate=False):
     """The run with every cell judged again against ``known`` (decision.rejudge, as the live run decides), the
-    environment read from each matrix's meta record; what the document sums up from its cells (the PR gate's
-    block) summed up again, so it says what its cells say."""
+    environment read from each matrix's meta record (report.document sums up its sections again after)."""
     runs = []
     for run in doc["runs"]:
         meta = run["meta"]
@@ -53,10 +51,7 @@ def rejudged(doc, known, gate=False):
                "tier": meta.get("tier", "real"), "torch": v.get("torch"), "torchtitan": v.get("torchtitan"),
                "torchtitan_commit": Commit(commit["sha"], commit["repo"]) if commit else None}
         runs.append({**run, "cells": [rejudge(rec, known, env, gate, meta.get("base")) for rec in run["cells"]]})
-    out = {**doc, "runs": runs}
-    if doc.get("gate") is not None:
-        out["gate"] = pr_gate(out)
-    return out
+    return {**doc, "runs": runs}
 
 
 def judged_by(doc, chosen):
@@ -131,8 +126,8 @@ def main(argv=None):
         except MatrixError as e:
             raise SystemExit(f"--known-failures: {e}") from None
         print(said, file=sys.stderr)
-    if old is not None:
-        doc["comparison"], doc["compared_with"] = compare_runs(old, doc), str(args.compare)
+    # its sections summed up again from its cells as judged now (as the live run built them: report.document)
+    doc = document.complete(doc, compared=(args.compare, old) if old is not None else None)
     if args.format == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     elif args.format == "memory":

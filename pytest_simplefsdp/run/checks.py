@@ -1,11 +1,21 @@
-"""What a green must show before it counts, whatever its baseline: that its label took effect (the evidence) and
-that every optimizer step kept its exact invariants (judge.invariants). Numerics against a baseline come after
-(baselines.py)."""
+"""What a green must show before it counts, in order, whatever its baseline: that it trained (the untrained step),
+that its label took effect (the evidence), and that every optimizer step kept its exact invariants
+(judge.invariants). Each check is a function of (run, cell, spec, result) that fails the result or leaves it green;
+the first that fails ends the list (a run that did not train has no evidence worth reading). Numerics against a
+baseline are the last check, after the cell's later runs, where its baseline's run is at hand (baselines.py)."""
 
 from __future__ import annotations
 
 from ..judge import invariants
-from ..kinds import FailureClass
+from ..judge.numerics import untrained_step
+from ..kinds import FailureClass, Status
+
+
+def check_trained(run, cell, spec, result):
+    """A green whose optimizer step changed nothing did not train (its losses stand still from step 1)."""
+    line = untrained_step(result)
+    if line:
+        result.fail(FailureClass.NUMERICS, line)
 
 
 def check_evidence(run, cell, spec, result):
@@ -24,9 +34,22 @@ def check_evidence(run, cell, spec, result):
         result.fail(FailureClass.INVALID_CONFIG, f"the run does not show its label: {contradicted[0].line()}")
 
 
-def check_invariants(spec, result):
-    """A green must keep the exact invariants of every optimizer step, baseline or not."""
+def check_invariants(run, cell, spec, result):
+    """A green must keep the exact invariants of every optimizer step, where its ranks recorded them."""
+    if spec.command.env.get("SIMPLEFSDP_INVARIANTS") != "1":
+        return
     found = invariants.check(spec.log_dir, spec.nproc)
     result.invariants = found.record()
     if found.violation:
         result.fail(FailureClass.NUMERICS, f"optimizer-step invariant ({found.check}): {found.violation}")
+
+
+CHECKS = (check_trained, check_evidence, check_invariants)
+
+
+def run_checks(run, cell, spec, result, checks=CHECKS):
+    """The checks in order on a green result; the first that fails it ends them."""
+    for check in checks:
+        if result.status != Status.PASSED:
+            return
+        check(run, cell, spec, result)

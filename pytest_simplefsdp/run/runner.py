@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 from ..judge import provenance
-from ..judge.numerics import untrained_step
 from ..judge.results import CellResult, build_result, read_text
 from ..kinds import FailureClass, Status, Tier
 from ..launch.builtin import LAUNCHERS
@@ -20,7 +19,7 @@ from ..launch.spec import LaunchOutcome, LaunchSpec
 from ..paths import probe_folder
 from ..spec.cells import Cell, value_id
 from ..versions.sets import cell_set
-from .checks import check_evidence, check_invariants
+from . import checks
 from .sets import VersionSets
 
 DEFAULT_TIMEOUT = 900.0
@@ -101,9 +100,7 @@ class CellRunner:
         vset = cell_set(cell.axes)
         problem = self.sets.problem(run, vset)
         if problem:  # the set's environment cannot be built: its cells say why, the other sets run on
-            return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
-                              world=cell.world, error_line=problem, error_text=problem, mutant=cell.mutant,
-                              not_run=True)
+            return CellResult.infra(cell, problem, not_run=True)
         self.prepare(run)
         spec = self.spec_for(run, cell, seed=seed)
         if devices is not None:
@@ -126,13 +123,7 @@ class CellRunner:
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
         result.versions = self.sets.ran_on(run, vset)
         self.prove(run, vset, spec, result)
-        line = untrained_step(result) if result.status == Status.PASSED else None
-        if line:
-            result.fail(FailureClass.NUMERICS, line)
-        if result.status == Status.PASSED:
-            check_evidence(run, cell, spec, result)
-        if result.status == Status.PASSED and spec.command.env.get("SIMPLEFSDP_INVARIANTS") == "1":
-            check_invariants(spec, result)
+        checks.run_checks(run, cell, spec, result)
         if result.status == Status.PASSED and run.target.runs(cell) > 1:
             self._later_runs(run, cell, result, devices, seed, launcher)
         if run.matrix.numerics and result.status == Status.PASSED:
@@ -234,8 +225,7 @@ class CellRunner:
         else its failed result."""
         problem = self.sets.problem(run, vset) if vset is not None else None
         if problem:
-            return CellResult(f"seed-{model}", {}, status=Status.FAILED, failure_class=FailureClass.INFRA,
-                              error_line=problem, error_text=problem)
+            return CellResult.infra(Cell(f"seed-{model}", {}, 0), problem)
         self.prepare(run)  # the seed reads the target's assets too
         spec = self.seed_spec(run, model, command, folder)
         outcome = self.launcher_for(run).launch(spec)

@@ -205,6 +205,16 @@ def window_words(found: Found, repo=None) -> str:
     return words + (f": {link}" if link else "")
 
 
+def bisect_record(found: Found, repo=None) -> dict:
+    """A bisection as the run's document keeps it: the cell, the package, the window in words and every probe (or
+    why it could not run)."""
+    cell = f"{found.run.matrix.profile}::{found.cell.id}"
+    if found.error:
+        return {"cell": cell, "package": found.package, "error": found.error}
+    return {"cell": cell, "package": found.package, "issue": str(found.issue), "found": window_words(found, repo),
+            **found.bisection.record()}
+
+
 def window_of(found: Found) -> dict:
     """The known-failures window a bisection found: the first version failing with the signature and the last one
     passing, by the order of the list (a fix found: fixed_in)."""

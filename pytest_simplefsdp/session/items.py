@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from ..keys import CONTROLLER
 from ..kinds import Mutation, Status
 from ..paths import shown
 from ..spec.cells import Cell, rerun_command
 
-SESSION_PLUGIN = "simplefsdp-session"
-
 
 def controller_of(config):
-    """The session's Controller (registered under SESSION_PLUGIN by the plugin's pytest_configure)."""
-    return config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    """The session's Controller (put on config.stash by the plugin's pytest_configure)."""
+    return config.stash[CONTROLLER]
 
 
 class MatrixCollector(pytest.Collector):

@@ -17,8 +17,8 @@ from ..kinds import GateClass, KnownKind, RecordType, Status
 from ..machine import versions
 from ..paths import KNOWN_FAILURES, PACKAGE, shown
 from ..plots import walltime_plot
-from ..report import coverage, gate, page
-from ..report.compare import change_lines, compare_runs
+from ..report import coverage, document, gate, page
+from ..report.compare import change_lines
 from ..report.markdown import render_md
 from ..report.tables import broken, render_text
 from ..report.twin import rows as twin_rows
@@ -26,7 +26,7 @@ from ..report.twin import summary as twin_summary
 from ..report.twin import twins
 from ..versions.bisect import table as bisect_table
 from ..versions.sets import INSTALLED
-from .bisecting import window_of, window_words
+from .bisecting import bisect_record, window_of, window_words
 from ..run import lookahead
 from ..store.runs import WALLTIME_PLOT
 from ..yamlio import MatrixError
@@ -50,10 +50,8 @@ class Reporter:
         if state.config.option.collectonly:  # no run: no report is written, no stored run is touched
             return
         doc = self.document()
-        if state.compared is not None:
-            against, old = state.compared
-            doc["comparison"], doc["compared_with"] = compare_runs(old, doc), against
-            tr.section(f"simplefsdp: changes since {against}")
+        if "comparison" in doc:
+            tr.section(f"simplefsdp: changes since {doc['compared_with']}")
             for line, good in change_lines(doc["comparison"]):
                 tr.write_line(line, red=not good, green=good)
         if self.incidents:
@@ -70,7 +68,7 @@ class Reporter:
         tr.write_line(render_text(doc, self.verbose, self.root))
         self.gate_section(tr, doc)
         self.twin_section(tr, doc)
-        self.bisect_section(tr, doc)
+        self.bisect_section(tr)
         if self.sentinel_lines:
             tr.section("simplefsdp sentinel")
             for line in self.sentinel_lines:
@@ -88,24 +86,23 @@ class Reporter:
         state.config.hook.pytest_simplefsdp_report(config=state.config, doc=doc)
 
     def document(self):
-        """The run as --simplefsdp-json writes it, with the seeds its cells started from and its overview plot."""
-        state = self.state
-        doc = state.store.document()
-        for run, run_doc in zip(state.runs, doc["runs"]):  # the seed checkpoints the cells started from
-            if state.book.seed_records.get(run.name):
-                run_doc["seeds"] = state.book.seed_records[run.name]
-        if self.incidents:
-            doc["incidents"] = list(self.incidents)
+        """The run's document (report.document), with the seeds its cells started from and its overview plot."""
+        state, twin = self.state, self.settings.twin
+        installed = f"installed ({', '.join(f'{k} {v}' for k, v in versions().items() if k != 'python')})"
+        found = [bisect_record(f, self.settings.torchtitan_repo) for f in self.bisections]
+        doc = document.complete(state.store.document(), seeds=state.book.seed_records, incidents=self.incidents,
+                                compared=state.compared, twin=twin, installed=installed if twin else "",
+                                bisections=found or None)
         if state.store.records and (self.settings.html or self.settings.status_md):
             doc["walltime_plot"] = walltime_plot(state.run_dir.resolve() / WALLTIME_PLOT, doc)
         return doc
 
-    def gate_section(self, tr, doc):
+    @staticmethod
+    def gate_section(tr, doc):
         """--simplefsdp-base: every failure as new, broken trunk, flaky or known, with both sides' signatures."""
-        pr = gate.gate(doc)
+        pr = doc.get("gate")
         if pr is None:
             return
-        doc["gate"] = pr
         tr.section(f"simplefsdp {gate.headline(pr)}", red=bool(pr["counts"][str(GateClass.NEW)]),
                    green=not pr["counts"][str(GateClass.NEW)])
         if pr["failures"]:
@@ -116,46 +113,33 @@ class Reporter:
         for line in gate.numerics_lines(pr):
             tr.write_line(line)
 
-    def twin_section(self, tr, doc):
+    @staticmethod
+    def twin_section(tr, doc):
         """--simplefsdp-twin: the cells whose verdict, signature or numerics differ between the two version sets."""
-        twin = self.settings.twin
-        if not twin:
-            return
-        doc["twin"] = []
-        for run_doc in doc["runs"]:
-            pairs = twins(run_doc, INSTALLED, twin)
-            first = f"installed ({', '.join(f'{k} {v}' for k, v in versions().items() if k != 'python')})"
-            rows = twin_rows(pairs, first, twin)
-            tr.section(f"simplefsdp twin: {run_doc['meta'].get('profile')}, {twin_summary(pairs, first, twin)}")
+        for block, run_doc in zip(doc.get("twin", []), doc["runs"]):
+            first, second = block["first"], block["second"]
+            pairs = twins(run_doc, INSTALLED, second)
+            tr.section(f"simplefsdp twin: {block['profile']}, {twin_summary(pairs, first, second)}")
+            rows = twin_rows(pairs, first, second)
             if rows:
-                tr.write_line(tabulate(rows, headers=("cell", "installed", twin, "numerics", "what differs"),
+                tr.write_line(tabulate(rows, headers=("cell", "installed", second, "numerics", "what differs"),
                                        tablefmt="simple"))
-            walls = [(t.cell, t.a.get("wall"), t.b.get("wall")) for t in pairs]
+            walls = [(p["cell"], *p["walls"]) for p in block["pairs"]]
             tr.write_line("walls (s): " + ", ".join(f"{c} {a:.0f}/{b:.0f}" for c, a, b in walls if a and b))
-            doc["twin"].append({"profile": run_doc["meta"].get("profile"), "first": first, "second": twin,
-                                "pairs": [{"cell": t.cell, "first": t.a["status"], "second": t.b["status"],
-                                           "numerics": t.numerics(), "differs": t.differs(),
-                                           "walls": [t.a.get("wall"), t.b.get("wall")]} for t in pairs]})
 
-    def bisect_section(self, tr, doc):
-        if not self.bisections:
-            return
-        doc["bisections"] = []
+    def bisect_section(self, tr):
         for found in self.bisections:
             cell = f"{found.run.matrix.profile}::{found.cell.id}"
             if found.error:
                 tr.section(f"simplefsdp bisect: {cell}", red=True)
                 tr.write_line(found.error)
-                doc["bisections"].append({"cell": cell, "package": found.package, "error": found.error})
                 continue
             b = found.bisection
-            window = window_words(found, self.settings.torchtitan_repo)
-            tr.section(f"simplefsdp bisect {found.package}: {cell}: {window}")
+            tr.section(f"simplefsdp bisect {found.package}: {cell}: "
+                       f"{window_words(found, self.settings.torchtitan_repo)}")
             tr.write_line(tabulate(bisect_table(b), headers=("version", "outcome", "runs", "signature or line",
                                                               "wall"), tablefmt="simple"))
             tr.write_line(f"{len(b.probes)} versions probed of {len(b.versions)}; issue body: {found.issue}")
-            doc["bisections"].append({"cell": cell, "package": found.package, "issue": str(found.issue),
-                                      "found": window, **b.record()})
 
     def write_files(self, tr, doc):
         s = self.settings

@@ -19,7 +19,7 @@ from ..judge.gate import base_record, numerics_vs_base
 from ..judge.history import record as history_record
 from ..judge.results import CellResult
 from ..judge.verdict import Verdict
-from ..kinds import FailureClass, GateClass, KnownKind, RecordType, Status
+from ..kinds import FailureClass, KnownKind, RecordType, Status
 from ..launch.procs import kill_procs, session_leftovers
 from ..options import settings
 from ..paths import output_root
@@ -103,9 +103,7 @@ class MatrixSession:
     @staticmethod
     def internal_error(cell, error: BaseException):
         """A cell the plugin itself failed on: recorded (never a lost result), then raised for its traceback."""
-        line = f"pytest-simplefsdp failed on this cell: {type(error).__name__}: {error}"
-        return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
-                          world=cell.world, error_line=line, error_text=line, mutant=cell.mutant)
+        return CellResult.infra(cell, f"pytest-simplefsdp failed on this cell: {type(error).__name__}: {error}")
 
     # --- running ------------------------------------------------------------------------------------
 
@@ -133,9 +131,7 @@ class MatrixSession:
         with self.phase(run, cell, "its seed checkpoint"):  # (instant where one is kept)
             seed = self.book.seed_for(run, cell)
         if isinstance(seed, Unavailable):
-            return CellResult(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
-                              world=cell.world, error_line=seed.reason, error_text=seed.reason,
-                              culprit=seed.culprit or None)
+            return CellResult.infra(cell, seed.reason, culprit=seed.culprit)
         result = self.runner.run(run, cell, devices, seed=seed)
         if run.matrix.numerics and check:
             with self.phase(run, cell, "its baseline"):  # (the comparison itself is instant)
