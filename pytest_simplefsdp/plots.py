@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .kinds import Status
+
 
 def _pyplot():
     try:
@@ -53,7 +55,7 @@ def walltime_plot(path: Path, doc: dict):
     cells = [(run["meta"].get("profile"), rec) for run in doc["runs"] for rec in run["cells"] if rec.get("wall")]
     if plt is None or not cells:
         return None
-    colours = {"passed": "tab:green", "failed": "tab:red", "xfailed": "tab:orange", "xpassed": "tab:purple"}
+    colours = {Status.PASSED: "tab:green", Status.FAILED: "tab:red", Status.XFAILED: "tab:orange", Status.XPASSED: "tab:purple"}
     fig, ax = plt.subplots(figsize=(8, 0.6 + 0.18 * len(cells)), dpi=100)
     ax.barh(range(len(cells)), [rec["wall"] for _, rec in cells],
             color=[colours.get(rec["status"], "tab:grey") for _, rec in cells])

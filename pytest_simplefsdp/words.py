@@ -6,6 +6,12 @@ def plural(count, noun, many=None):
     return f"{count} {noun if count == 1 else many or noun + 's'}"
 
 
+def release(version) -> str:
+    """The release a build is of (``2.14.1+cu130`` -> ``2.14.1``; none: ""): windows, pins and ranges name
+    releases, an environment reports its local build."""
+    return str(version or "").split("+")[0]
+
+
 def did_you_mean(word, choices) -> str:
     """``; did you mean 'fork'?`` for a near miss of one of ``choices``, else nothing."""
     import difflib  # (only on the way to an error)

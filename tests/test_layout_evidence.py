@@ -234,3 +234,38 @@ def test_optimizer_state_is_checked_for_adam_only(tmp_path):
     rec = {"effects": {"params": uneven, "memory": {"params": 48, "grads": 48, "optimizer": 96, "peak": None}}}
     ev = memory(a, {0: rec}, [0]).evidence()
     assert ev.ok and ev.seen == "within the padding allowance on ranks 0 (held / expected: 1.2000)"
+
+
+def unchecked_degrees(profile, cache):
+    """(the degrees above 1 the profile's cells run, the ones its evidence does not name as it should)."""
+    from pytest_simplefsdp.degrees import DEGREES
+
+    matrix = load_matrix(ROOT / "matrix" / f"{profile}.yaml")
+    target = make_target(matrix, cache)
+    unchecked, seen = set(), set()
+    for cell in expand(matrix)[0]:
+        lines = target.evidence_lines(cell)
+        for d in DEGREES:
+            if int(cell.axes.get(d.axis, 1)) > 1:
+                seen.add(d.axis)
+                said = [line for line in lines if line.startswith(f"{d.axis}=")]
+                if not said or ("not checked" in said[0]) != profile.startswith("titan02"):
+                    unchecked.add(f"{d.axis} ({cell.id}): {said}")
+    return seen, sorted(unchecked)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "h100x8", "titan02-cpu", "titan02-h100x8"])
+def test_every_degree_a_shipped_profile_runs_has_an_evidence_check(profile, tmp_path):
+    """degrees.py is the one table of degrees: a degree above 1 in any cell must be shown by the cell's evidence
+    (per parameter, or the target's own reader: CP's mesh, PP's stages), never run unchecked without a word: the
+    seed era's target, whose ranks run no probe, says so for each degree."""
+    seen, unchecked = unchecked_degrees(profile, tmp_path)
+    assert seen >= {"dp_shard", "tp", "pp"} and unchecked == [], unchecked[:10]
+
+
+def test_a_degree_left_out_of_the_evidence_is_caught(tmp_path, monkeypatch):
+    import pytest_simplefsdp.targets.titan03 as titan03
+
+    monkeypatch.setattr(titan03, "PLACED", tuple(d for d in titan03.PLACED if d.axis != "tp"))
+    _, unchecked = unchecked_degrees("cpu", tmp_path)
+    assert unchecked and all(u.startswith("tp (") for u in unchecked), unchecked[:5]

@@ -19,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..kinds import FailureClass, KnownKind
 from ..versions.git import GitError, commit_clauses
-from ..words import did_you_mean
+from ..words import did_you_mean, release
 from ..yamlio import MatrixError, line_of, load_yaml, plain
 
 ENTRY_KEYS = {
@@ -104,7 +104,7 @@ def _version_holds(version, spec):
     if version is None:
         return False
     try:
-        return Version(version.split("+")[0]) in SpecifierSet(spec)
+        return Version(release(version)) in SpecifierSet(spec)
     except (InvalidVersion, InvalidSpecifier):
         return False
 
@@ -268,7 +268,7 @@ def outside_window(entry: Entry, versions: dict) -> str | None:
     no window, or versions it cannot order, such as commits)."""
     for package, ran in (versions or {}).items():
         try:
-            ran = Version(str(ran).split("+")[0])
+            ran = Version(release(ran))
         except InvalidVersion:
             continue
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..degrees import DEGREES
+from ..degrees import PLACED
 from .evidence import Evidence
 
 
@@ -63,7 +63,7 @@ def _ranks(ranks) -> str:
 def degree_evidence(axes: dict, records: dict, ranks, rules=()) -> list:
     """Per degree of the label: every parameter of every rank laid out over the label's size (or its rule's)."""
     out = []
-    for degree in DEGREES:
+    for degree in PLACED:
         if degree.axis not in axes:
             continue
         size = degree.size(axes)
@@ -134,7 +134,7 @@ def expected_bytes(axes: dict, params: dict, rules=()) -> tuple[int, int]:
     total = allowance = 0
     for fqn, entry in params.items():
         factor = 1
-        for degree in DEGREES:
+        for degree in PLACED:
             if degree.shards:
                 want, _ = wanted(degree, fqn, axes, rules)
                 factor *= want or 1

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..spec.matrix import Lane, matches
+from ..words import release
 
 
 def lane_for(lanes, axes):
@@ -93,7 +94,7 @@ def numerics_key(machine: dict | None) -> dict | None:
 def noise_applies(noise, versions, machine) -> str | None:
     """Why the noise file does not hold for a run (another torch or torchtitan, another machine's numerics, or one it
     does not name), else None."""
-    ran = {p: str(v).split("+")[0] for p, v in (versions or {}).items()}
+    ran = {p: release(v) for p, v in (versions or {}).items()}
     pinned = {p: v for p, v in noise.measured_on.items() if p != "machine"}
     other = [f"{p} {ran.get(p) or '(none)'}" for p, v in pinned.items() if ran.get(p) != str(v)]
     if other:

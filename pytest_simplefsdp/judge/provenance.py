@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..paths import probe_folder
+from ..words import release
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def _pinned(identity: dict, pin: str) -> bool:
     if pin.startswith("@"):
         commit = identity.get("commit") or ""
         return bool(commit) and (commit.startswith(pin[1:]) or pin[1:].startswith(commit))
-    return str(identity.get("version", "")).split("+")[0] == pin
+    return release(identity.get("version")) == pin
 
 
 def _said(name, identity) -> str:

@@ -60,20 +60,39 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
     ``windows``: entry id -> {first_failing|last_passing|fixed_in: {package: version}} found by a bisection or a twin
     run, written into that entry (or into the new entry of that id). A new failure that passed in one of its
     confirming runs is added as ``kind: flaky`` with its ``pass_rate``. Returns the lines to report."""
-    windows = dict(windows or {})
-    path = Path(path)
-    text = path.read_text() if path.exists() else ""
-    doc, lines, spans, ids = _parsed(text)
+    windows, path = dict(windows or {}), Path(path)
     dumper = YAML(typ="rt")
     dumper.indent(mapping=2, sequence=2, offset=0)
     dumper.width = 4096
     changes = []
-    for eid in [e for e in windows if e in ids and e not in passing_entries]:  # windows of entries in the file
+    doc, lines, spans, ids = _windowed(path.read_text() if path.exists() else "", windows, passing_entries, dumper,
+                                       changes)
+    drop = _passing(lines, spans, ids, passing_entries, changes)
+    _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes)
+    if not changes:  # nothing to say: the file stays as it is, byte for byte
+        return changes
+    text = "".join(line for n, line in enumerate(lines) if n not in drop)
+    if not _parsed(text)[0]:  # every entry went: still a list (comments kept)
+        text += ("" if not text or text.endswith("\n") else "\n") + "[]\n"
+    _replace(path, text, check)
+    return changes
+
+
+def _windowed(text, windows, passing_entries, dumper, changes):
+    """Phase 1: each window found for an entry of the file (that stays) written into it, taken out of ``windows``;
+    the text parsed again after each. Returns _parsed's (doc, lines, spans, ids) of the result."""
+    doc, lines, spans, ids = _parsed(text)
+    for eid in [e for e in windows if e in ids and e not in passing_entries]:
         window = windows.pop(eid)
         lines = _set_window(lines, spans[ids[eid]], window, dumper)
         changes.append(f"window of {eid}: " + "; ".join(f"{k} {v}" for k, v in window.items()))
         doc, lines, spans, ids = _parsed("".join(lines))
-    drop, added = set(), []
+    return doc, lines, spans, ids
+
+
+def _passing(lines, spans, ids, passing_entries, changes) -> set:
+    """Phase 2: the line numbers of the entries whose cells all passed, with their own comment lines above."""
+    drop = set()
     for eid in passing_entries:
         if eid in ids:
             first, last = spans[ids[eid]]
@@ -84,6 +103,13 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
                 first = above  # the entry's own comment
             drop.update(range(first, last + 1))
             changes.append(f"removed {eid}: every cell it covers passed")
+    return drop
+
+
+def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes):
+    """Phase 3, in ``lines``: each draft's entry's error replaced where the entry exists and expects another one
+    (a changed signature), else a new entry appended (with the window found for it or one of its cells)."""
+    added = []
     for draft in new_failures:
         result = draft.results[0]
         eid = draft.id
@@ -99,41 +125,40 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
             lines[at] = f"{indent}error: {_scalar(dumper, pattern)}  # signature changed {date}\n"
             changes.append(f"changed signature: {eid} now expects /{pattern}/ (was /{doc[ids[eid]].get('error')}/)")
             continue
-        # a window found for the entry or for one of its cells
         window = next((windows.pop(k) for k in [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)]
                        if k in windows), {})
-        # a window says on which versions it fails: the version set the cell ran on is then no condition of its own
-        when = CommentedMap([("profile", draft.profile)])
-        for axis, value in draft.when:
-            if not (window and axis == "versions"):
-                when[axis] = _flow(CommentedSeq(value)) if isinstance(value, list) else value
-        if commit_scope(window):  # a window over torchtitan commits: the entry holds from (or until) that commit
-            when[COMMIT_KEY] = commit_scope(window)
-        when.fa.set_flow_style()
-        rates = [(r.confirm or {}).get("pass_rate") for r in draft.results if r.flaky]
-        rate = rates[0] if rates and rates[0] is not None else None
-        cells = ", ".join(r.id for r in draft.results)
-        entry = CommentedMap([("id", eid), ("when", when), ("error", pattern),
-                              ("kind", str(KnownKind.FLAKY if rate is not None else KnownKind.XFAIL)),
-                              *([("pass_rate", rate)] if rate is not None else []),
-                              ("link", TODO_LINK), ("reason", f"{result.failure_class}: "
-                                                              f"{(result.error_line or '')[:160]} (first seen {date}; "
-                                                              f"{_cells(len(draft.results))}: {cells[:300]})")])
-        for key, value in window.items():
-            entry[key] = _flow(CommentedMap(value))
         added.append(eid)
         out = io.StringIO()
-        dumper.dump([entry], out)
+        dumper.dump([_new_entry(draft, eid, pattern, window, date)], out)
         lines.append(("" if not lines or lines[-1].endswith("\n") else "\n") + out.getvalue())
         changes.append(f"added {eid} for {_cells(len(draft.results))} (link: {TODO_LINK!r}: name it; the file loads "
                        f"with a warning until then)")
-    if not changes:  # nothing to say: the file stays as it is, byte for byte
-        return changes
-    text = "".join(line for n, line in enumerate(lines) if n not in drop)
-    if not _parsed(text)[0]:  # every entry went: still a list (comments kept)
-        text += ("" if not text or text.endswith("\n") else "\n") + "[]\n"
-    _replace(path, text, check)
-    return changes
+
+
+def _new_entry(draft, eid, pattern, window, date) -> CommentedMap:
+    """A draft's new entry: its values, its error, xfail (flaky with its pass rate where a confirming run passed),
+    the placeholder link, a reason that names its cells, and its window."""
+    result = draft.results[0]
+    # a window says on which versions it fails: the version set the cell ran on is then no condition of its own
+    when = CommentedMap([("profile", draft.profile)])
+    for axis, value in draft.when:
+        if not (window and axis == "versions"):
+            when[axis] = _flow(CommentedSeq(value)) if isinstance(value, list) else value
+    if commit_scope(window):  # a window over torchtitan commits: the entry holds from (or until) that commit
+        when[COMMIT_KEY] = commit_scope(window)
+    when.fa.set_flow_style()
+    rates = [(r.confirm or {}).get("pass_rate") for r in draft.results if r.flaky]
+    rate = rates[0] if rates and rates[0] is not None else None
+    cells = ", ".join(r.id for r in draft.results)
+    entry = CommentedMap([("id", eid), ("when", when), ("error", pattern),
+                          ("kind", str(KnownKind.FLAKY if rate is not None else KnownKind.XFAIL)),
+                          *([("pass_rate", rate)] if rate is not None else []),
+                          ("link", TODO_LINK), ("reason", f"{result.failure_class}: "
+                                                          f"{(result.error_line or '')[:160]} (first seen {date}; "
+                                                          f"{_cells(len(draft.results))}: {cells[:300]})")])
+    for key, value in window.items():
+        entry[key] = _flow(CommentedMap(value))
+    return entry
 
 
 def _flow(node):

@@ -12,7 +12,7 @@ from ..kinds import Status
 def streak(rows: list) -> str:
     """The newest run's outcome and how many runs in a row ended so (rows newest first)."""
     def word(r):
-        return "failed" if r.get("failure_class") else str(r["status"])
+        return Status.FAILED if r.get("failure_class") else str(r["status"])
 
     first = word(rows[0])
     n = next((i for i, r in enumerate(rows) if word(r) != first), len(rows))

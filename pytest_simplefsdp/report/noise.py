@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 from ..judge.numerics import numerics_key
+from ..kinds import Status
+from ..words import release
 from ..spec.matrix import NOISE_KINDS
 
 MARGIN, FLOOR = 5.0, 1.0e-6  # a bug moving a norm by 10x its layout's noise fails; bitwise layouts get the floor
@@ -19,7 +21,7 @@ def measure(run) -> dict:
     out = {}
     for rec in run["cells"]:
         n = rec.get("numerics")
-        if rec.get("status") != "passed" or not n or rec["axes"].get("versions", "installed") != "installed":
+        if rec.get("status") != Status.PASSED or not n or rec["axes"].get("versions", "installed") != "installed":
             continue
         row = {"loss": float(n.get("max_rel_diff") or 0.0)}
         params = n.get("params")
@@ -48,7 +50,7 @@ def render(doc) -> str:
     """The noise file of a stored run (its first matrix), as the shipped ones are written."""
     run = doc["runs"][0]
     meta = run["meta"]
-    versions = {p: str(v).split("+")[0] for p, v in (meta.get("versions") or {}).items() if p in ("torch", "torchtitan")}
+    versions = {p: release(v) for p, v in (meta.get("versions") or {}).items() if p in ("torch", "torchtitan")}
     machine = machine_of(run)
     lines = [f"# each layout's noise: the largest relative difference from its baseline in a clean run of profile "
              f"{meta.get('profile')} ({meta.get('date', '')}, {len(run['cells'])} cells), made by",

@@ -208,7 +208,7 @@ def _na(rec):
 
 def _cell(rec, link, change):
     status = status_of(rec)
-    text = {"passed": "✅ pass", "failed": "❌ FAIL", "xfailed": "🚧 xfail", "xpassed": "⚠️ XPASS", "skipped": "⏭️ skip",
+    text = {Status.PASSED: "✅ pass", Status.FAILED: "❌ FAIL", Status.XFAILED: "🚧 xfail", Status.XPASSED: "⚠️ XPASS", Status.SKIPPED: "⏭️ skip",
             "flaky": "🔁 flaky"}.get(status, status)
     if rec.get("failure_class") and rec["status"] != Status.PASSED:
         text += f" {rec['failure_class']}"

@@ -5,6 +5,7 @@ one failed with a new error; Not run when none ran."""
 
 from __future__ import annotations
 
+from ..degrees import DEGREES
 from ..kinds import GateClass, Status
 from ..words import plural
 from .tables import broken
@@ -13,9 +14,7 @@ UNGATED = (GateClass.BROKEN_TRUNK, GateClass.FLAKY)  # failures a PR gate lets t
 
 # the features of the status-tracking issue (torchtitan 1980), each the axis values that turn it on
 FEATURE_GROUPS = (
-    ("Parallelisms", {"dp_replicate": "DDP / HSDP (dp_replicate > 1)", "dp_shard": "FSDP (dp_shard > 1)",
-                      "tp": "TP (tp > 1)", "ep": "EP (ep > 1)", "etp": "ETP (etp > 1)", "cp": "CP (cp > 1)",
-                      "pp": "PP (pp > 1)"}),
+    ("Parallelisms", {d.axis: d.label for d in DEGREES}),  # (degrees.py, the one table)
     ("Compile modes", {"compile": "compile {}", "backend": "backend {}"}),
     ("Memory policies", {"memory_policy": "memory policy {}", "ac": "activation checkpointing {}"}),
     ("PP schedules", {"pp_schedule": "{}"}),

@@ -9,14 +9,15 @@ from collections import Counter, OrderedDict
 from tabulate import tabulate
 
 from ..judge.known import signature
+from ..kinds import Status
 from ..paths import shown
 from ..words import plural
 from . import memory
 
-SYMBOLS = {"passed": "pass", "failed": "FAIL", "xfailed": "xfail", "xpassed": "XPASS", "skipped": "skip",
+SYMBOLS = {Status.PASSED: "pass", Status.FAILED: "FAIL", Status.XFAILED: "xfail", Status.XPASSED: "XPASS", Status.SKIPPED: "skip",
            "dropped": "n/a"}
 NOT_RUN = "·"  # a valid cell this run did not select; a blank is a combination the matrix's `exclude` removed
-STATUS_MD = {"passed": "✅", "failed": "❌", "xfailed": "🚧", "xpassed": "⚠️", "skipped": "⏭️", "dropped": "➖"}
+STATUS_MD = {Status.PASSED: "✅", Status.FAILED: "❌", Status.XFAILED: "🚧", Status.XPASSED: "⚠️", Status.SKIPPED: "⏭️", "dropped": "➖"}
 GRID_KEY = f"{NOT_RUN} valid, not run this time · blank: not in the profile (its `exclude`)"
 TRACE_NOTE = ("TRACE TIER: each cell ran as ONE simulated rank on a CPU machine (fake process group): config, "
               "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run")
@@ -26,12 +27,12 @@ def cell_text(rec):
     status = rec.get("status", "dropped")
     text = SYMBOLS.get(status, status)
     if rec.get("flaky"):
-        text = "flaky " + ("pass" if status == "passed" else "fail")
-    if status == "failed" and rec.get("failure_class"):
+        text = "flaky " + ("pass" if status == Status.PASSED else "fail")
+    if status == Status.FAILED and rec.get("failure_class"):
         text += f" {rec['failure_class']}"
-    if rec.get("numerics") and status == "passed":
+    if rec.get("numerics") and status == Status.PASSED:
         text += " ≡" if rec["numerics"]["max_abs_diff"] == 0 else " ≈"
-    if rec.get("wall") and status not in ("dropped", "skipped"):
+    if rec.get("wall") and status not in ("dropped", Status.SKIPPED):
         text += f" {rec['wall']:.0f}s"
     return text
 
@@ -70,10 +71,10 @@ def footnotes(run, verbose=False, root="."):
     (per cell with ``verbose``, else summed up, per cell only where a cell did not pass); the rules' drops."""
     lines = []
     for rec in run["cells"]:
-        if rec.get("status") in ("failed", "xfailed", "xpassed"):
+        if rec.get("status") in (Status.FAILED, Status.XFAILED, Status.XPASSED):
             rank = f", rank {rec['failing_rank']}" if rec.get("failing_rank") is not None else ""
             cls = f" {rec['failure_class']}" if rec.get("failure_class") else ""
-            if rec["status"] == "xpassed" or not rec.get("failure_class"):
+            if rec["status"] == Status.XPASSED or not rec.get("failure_class"):
                 lines.append(f"{rec['id']}: [{rec['status']}] {rec.get('verdict', '')}")
             else:
                 known = f" known failure {rec['known_failure']} {rec.get('known_failure_link')}" \
@@ -223,11 +224,11 @@ def broken(rec):
     """Whether a stored cell's run failed (a known failure too); None where it did not run. A known failure
     that passed is not broken, whether the gate made it a failure (no failure class) or an XPASS."""
     status = rec.get("status")
-    if status in ("skipped", "dropped", None):
+    if status in (Status.SKIPPED, "dropped", None):
         return None
-    if status == "failed":
+    if status == Status.FAILED:
         return bool(rec.get("failure_class")) or not rec.get("known_failure")
-    return status == "xfailed"
+    return status == Status.XFAILED
 
 
 def rec_signature(rec):

@@ -23,7 +23,7 @@ from ..judge.results import CellResult
 from ..kinds import FailureClass, RecordType, Status
 from ..paths import probe_folder
 from ..plots import plot
-from ..spec.cells import Cell, cell_id, value_id, world_size
+from ..spec.cells import Cell, cell_id, first_id, value_id, world_size
 from ..store.reuse import ReuseStore, content_key
 from ..store.runs import RunError, load_run
 from ..versions.sets import cell_set
@@ -71,7 +71,7 @@ def load_stored(path):
     stored = {}
     for run in doc.get("runs", []):
         for rec in run.get("baselines", []) + run.get("cells", []):
-            if rec.get("status") in ("passed", "xpassed") or rec.get("failure_class") is None:
+            if rec.get("status") in (Status.PASSED, Status.XPASSED) or rec.get("failure_class") is None:
                 stored[(run["meta"].get("profile"), axes_key(rec["axes"]))] = rec
     return stored
 
@@ -220,7 +220,7 @@ class Book:
         if done is None:
             cell = self._base_cell(run, base_axes)
             if attempt:  # run again to confirm a failure: beside the first run's folder
-                cell = dataclasses.replace(cell, id=f"{cell.id}/{attempt}")
+                cell = cell.attempt(attempt)
             seed = self.seed_for(run, cell)
             if isinstance(seed, Unavailable):
                 return Unavailable(f"baseline {cell.id} has no seed: {seed.reason}", seed.culprit)
@@ -260,7 +260,7 @@ class Book:
         lane = lane_for(run.matrix.numerics.lanes, cell.axes) if run.matrix.numerics else None
         if lane is None:
             return None
-        return narrowed(lane, run.matrix.numerics.noise, cell.id.split("/")[0], result.versions, result.machine)
+        return narrowed(lane, run.matrix.numerics.noise, first_id(cell.id), result.versions, result.machine)
 
     def check(self, run, cell, result):
         """Compare a green cell with its baseline in its numerics lane; a mismatch fails it as numerics."""
@@ -275,7 +275,7 @@ class Book:
             return
         ok, rep = compare(result.losses, base.losses, lane)
         rep["baseline"] = base.id
-        held = noise and cell.id.split("/")[0] in noise.layouts and noise_applies(noise, result.versions,
+        held = noise and first_id(cell.id) in noise.layouts and noise_applies(noise, result.versions,
                                                                                   result.machine)
         if held:  # the layout's noise was measured, but not where it ran: its lane judged it, and it says why
             rep["noise"] = f"not applied: {held}"

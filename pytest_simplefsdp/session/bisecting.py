@@ -23,6 +23,7 @@ from ..spec.cells import rerun_command
 from ..versions.bisect import FAILS, OTHER, PASSES, UNTESTABLE, bisect, judge_runs, table
 from ..versions.git import GitError, compare_url, short_sha
 from ..versions.sets import available_versions, cell_set, index_versions, order, wheel_versions
+from ..words import release
 
 # an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
 API_MISMATCH = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|has no attribute|unexpected keyword "
@@ -174,7 +175,7 @@ def failing_set(item, probe):
 
 def installed_releases() -> dict:
     """torch and torchtitan of the environment pytest runs in, as a release list names them (no local tag)."""
-    return {"torch": installed("torch").split("+")[0], "torchtitan": installed("torchtitan")}
+    return {"torch": release(installed("torch")), "torchtitan": installed("torchtitan")}
 
 
 def outcome(result, wanted) -> tuple:

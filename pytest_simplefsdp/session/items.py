@@ -4,7 +4,6 @@ the standard pytest outcome: passed, failed, skipped, xfailed or xpassed."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -52,7 +51,7 @@ class MatrixCollector(pytest.Collector):
             if not state.entries_for(self.run, cell):
                 for m in chosen:
                     if m.applies(cell.axes):
-                        yield dataclasses.replace(cell, id=f"{cell.id}[mutant-{m.name}]", mutant=m.name)
+                        yield cell.mutated(m.name)
 
 
 class CellFailed(Exception):

@@ -30,6 +30,7 @@ from .bisecting import bisect_record, window_of, window_words
 from ..run import lookahead
 from ..store.runs import WALLTIME_PLOT
 from ..yamlio import MatrixError
+from ..words import release
 
 
 class Reporter:
@@ -182,12 +183,9 @@ class Reporter:
                                  and r["type"] == RecordType.CELL]}
                 for t in twins(doc, INSTALLED, twin):
                     if broken(t.a) is False and broken(t.b):  # passes on the installed versions, fails on the twin
-                        def release(rec, p):  # 2.14.1+cu130 -> 2.14.1: a window names releases
-                            v = rec.get("versions", {}).get(p)
-                            return str(v).split("+")[0] if v else None
-
-                        ran = {p: release(t.b, p) for p in ("torch", "torchtitan")}
-                        was = {p: release(t.a, p) for p in ("torch", "torchtitan")}
+                        # a window names releases
+                        ran = {p: release(t.b.get("versions", {}).get(p)) or None for p in ("torch", "torchtitan")}
+                        was = {p: release(t.a.get("versions", {}).get(p)) or None for p in ("torch", "torchtitan")}
                         changed = {p: v for p, v in ran.items() if v and v != was.get(p)}
                         if changed:
                             eid = t.b.get("known_failure") or f"{run.matrix.profile}-{t.b['id']}"

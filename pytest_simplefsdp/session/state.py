@@ -28,6 +28,7 @@ from ..run.runner import CellRunner
 from ..store.history import History, versions_of
 from ..store.results import ResultStore
 from ..versions.envs import Environments
+from ..spec.cells import first_id
 from ..versions.sets import cell_set
 from . import setup
 
@@ -111,7 +112,7 @@ class MatrixSession:
     def phase(self, run, cell, what):
         """While the block runs, the cell's progress line says it waits for ``what`` (its seed checkpoint, its
         baseline, a confirming run), not only for itself; nested phases stack (a confirming run's baseline)."""
-        stack = self.phases.setdefault(run.key(cell.id.split("/")[0]), [])
+        stack = self.phases.setdefault(run.key(first_id(cell.id)), [])
         stack.append((what, time.monotonic()))
         try:
             yield
@@ -210,8 +211,8 @@ class MatrixSession:
         each judged as any cell (baseline of that set included, unless not ``check``), in
         ``<cell>/<purpose>-<set>-<N>/``: a bisection's probe, a PR's base."""
         vset = cell_set(cell.axes).with_pin(package, version)
-        return [self.run_and_check(run, dataclasses.replace(cell, id=f"{cell.id}/{purpose}-{vset.slug()}-{n}",
-                                                            axes={**cell.axes, "versions": vset.label()}), check=check)
+        return [self.run_and_check(run, cell.attempt(f"{purpose}-{vset.slug()}-{n}",
+                                                     axes={**cell.axes, "versions": vset.label()}), check=check)
                 for n in range(1, (runs or self.settings.confirm) + 1)]
 
     def confirm(self, run, cell, result):
@@ -250,7 +251,7 @@ class MatrixSession:
 
     def run_attempt(self, run, cell, attempt):
         """The cell once more, beside its first run (``<cell>/<attempt>/``), compared with its baseline."""
-        again = dataclasses.replace(cell, id=f"{cell.id}/{attempt}")
+        again = cell.attempt(attempt)
         seed = self.book.seed_for(run, cell)
         result = self.runner.run(run, again, seed=None if isinstance(seed, Unavailable) else seed)
         own_baseline = run.matrix.numerics and run.target.baseline_axes(cell.axes) == cell.axes
@@ -279,7 +280,7 @@ class MatrixSession:
             if mutant not in {m.name for m in run.target.MUTANTS}:
                 raise pytest.UsageError(f"simplefsdp_cell: unknown mutant {mutant!r} of target {run.target.name}; "
                                         f"known: {', '.join(m.name for m in run.target.MUTANTS) or 'none'}")
-            cell = dataclasses.replace(cell, id=f"{cell.id}[mutant-{mutant}]", mutant=mutant)
+            cell = cell.mutated(mutant)
         result, _ = self.run_judged(run, cell)
         self.record(run, result)
         for rec in self.store.take_pending():

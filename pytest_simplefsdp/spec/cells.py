@@ -6,7 +6,7 @@ import itertools
 import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..versions.sets import INSTALLED, parse
 from .matrix import RULE_FUNCTIONS, Matrix, MatrixError
@@ -21,6 +21,20 @@ class Cell:
     smoke: bool = False
     where: str = ""  # the matrix line the cell came from (axes or an include entry)
     mutant: str | None = None  # the bug re-injected into this run of the cell (the mutation tier)
+
+    def attempt(self, name: str, **changes) -> "Cell":
+        """The cell run once more as ``name`` (confirm2, a base or probe run, a baseline's retry): its id, and so
+        its folder, ``<cell>/<name>``, beside its first run's."""
+        return replace(self, id=f"{self.id}/{name}", **changes)
+
+    def mutated(self, mutant: str) -> "Cell":
+        """The cell with ``mutant`` re-injected (the mutation tier): ``<cell>[mutant-<name>]``."""
+        return replace(self, id=f"{self.id}[mutant-{mutant}]", mutant=mutant)
+
+
+def first_id(cell_id: str) -> str:
+    """The id of the cell an attempt is of (``<cell>/confirm2`` -> ``<cell>``): its layout, its progress line."""
+    return cell_id.split("/")[0]
 
 
 @dataclass

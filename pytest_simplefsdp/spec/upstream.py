@@ -19,6 +19,7 @@ import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..degrees import BY_OPTION
 from .matrix import SourceUnavailable
 
 # a URL; "PyTorch #N" / "pytorch/pytorch#N"; a bare "#N" (torchtitan's)
@@ -146,7 +147,7 @@ def recipe_flags(fn) -> tuple:
     trace-tier twin runs the same layout, and coverage compares it axis by axis); and (model, flavor)."""
     flags = ["--module", fn.__module__, "--config", fn.__name__]
     job = fn()
-    for name in DEGREES:
+    for name in BY_OPTION:
         value = _get(job, f"parallelism.{name}")
         if isinstance(value, int) and not isinstance(value, bool):
             flags += [f"--parallelism.{name}", str(value)]
@@ -252,9 +253,6 @@ def links(note: str) -> tuple:
 
 # --- what a test configures, in the matrix's words ------------------------------------------------------------
 
-DEGREES = {"data_parallel_replicate_degree": "dp_replicate", "data_parallel_shard_degree": "dp_shard",
-           "tensor_parallel_degree": "tp", "expert_parallel_degree": "ep", "context_parallel_degree": "cp",
-           "pipeline_parallel_degree": "pp", "expert_tensor_parallel_degree": "etp"}
 # flags that set up a run but do not change what it tests
 INCIDENTAL = {"training.disable_cuda_graphs", "job.custom_config_module", "training.steps", "dump_folder",
               "checkpoint.folder", "compile.precompile_artifact_dir", "metrics.log_freq", "training.local_batch_size",
@@ -306,8 +304,8 @@ def configuration(test: UpstreamTest) -> Configuration:
     axes["model"] = (test.recipe and test.recipe[0]) or str(module).split(".")[-1] or "llama3"
     for key, value in o.items():
         name = key.split(".", 1)[-1]
-        if key.startswith("parallelism.") and name in DEGREES:
-            axes[DEGREES[name]] = int(value)
+        if key.startswith("parallelism.") and name in BY_OPTION:
+            axes[BY_OPTION[name]] = int(value)
         elif key == "parallelism.pipeline_parallel_schedule":
             axes["pp_schedule"] = str(value)
         elif key == "compile.mode":
@@ -360,8 +358,8 @@ def later_runs(runs, first: dict) -> dict:
 
 
 # what upstream's configs do where a test sets nothing (graph_trainer's CompileConfig and torchtitan's defaults)
-DEFAULTS = {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "ep": 1, "cp": 1, "pp": 1, "etp": 1, "pp_schedule": "none",
-            "backend": "aot_eager", "trainer": "simplefsdp"}
+DEFAULTS = {**dict.fromkeys(BY_OPTION.values(), 1), "pp_schedule": "none", "backend": "aot_eager",
+            "trainer": "simplefsdp"}
 
 
 def normal(axes: dict) -> dict:

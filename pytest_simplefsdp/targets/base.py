@@ -22,6 +22,7 @@ from ..spec.paths import load_rules, map_file
 from ..spec.upstream import options, tokens
 from ..versions.sets import INSTALLED
 from .flags import Flag, OptionError, read_options, unchecked
+from ..words import release
 
 FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
 
@@ -122,7 +123,7 @@ class Target:
         it by name: it runs, and its reports say so)."""
         out = []
         for package, spec in self.SUPPORTS.items():
-            ran = str(versions.get(package) or "").split("+")[0]
+            ran = release(versions.get(package))
             try:
                 if ran and not SpecifierSet(spec, prereleases=True).contains(Version(ran)):
                     out.append(f"{package} {ran} is outside target {self.name}'s range {spec}")

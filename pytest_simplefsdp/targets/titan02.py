@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..degrees import DEGREES, flags
 from ..paths import FIXTURES
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
 from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
 from .flags import Flag
-from .titan03 import Titan03
 
 
 class Titan02(TorchtitanTarget):
@@ -31,7 +31,7 @@ class Titan02(TorchtitanTarget):
     SUPPORTS = {"torch": ">=2.10,<2.11"}  # (torchtitan: judged by what it ships, TRAINER)
     AXES = {
         "model": ("llama3", "deepseek_v3"),
-        "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "etp": int, "cp": int, "pp": int,
+        **dict.fromkeys(flags("titan02"), int),  # the degrees
         "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "GPipe", "ZBVZeroBubble"),
         "compile": ("eager", "compiled"),
         "backend": ("aot_eager", "inductor"),
@@ -42,8 +42,15 @@ class Titan02(TorchtitanTarget):
     }
     MODEL_KEYS = ("name", "flavor")
     MODEL_OPTIONAL = ("moe",)
-    DEGREE_FLAGS = {**Titan03.DEGREE_FLAGS, "etp": "expert_tensor_parallel_degree"}
+    DEGREE_FLAGS = flags(name)  # axis -> torchtitan option (degrees.py, the one table)
     JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
+
+    def evidence_lines(self, cell) -> list:
+        """The seed era's ranks run no probe (shim/probes.py is titan03's): a green shows its exit and losses only,
+        and the dry run says so for each degree of its label."""
+        return [*super().evidence_lines(cell),
+                *(f"{d.axis}={cell.axes[d.axis]} <- not checked: the seed era's ranks run no probe" for d in DEGREES
+                  if int(cell.axes.get(d.axis, 1)) > 1)]
 
     def seed_command(self, model, dump_folder: Path, versions=INSTALLED):
         return None  # numerics are not wired for 0.2: its matrix files have no `numerics`

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..degrees import DEGREES
+from ..degrees import PLACED, flags
 from ..judge.evidence import Expect, check, inductor_codegen, read_probes
 from ..judge.layout import Rule, degree_evidence, memory, stage_evidence
 from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
@@ -41,7 +41,7 @@ class Titan03(TorchtitanTarget):
     SUPPORTS = {"torch": ">=2.14,<2.16"}
     AXES = {
         "model": ("llama3", "deepseek_v3", "qwen3", "muse_glimmer"),
-        "dp_replicate": int, "dp_shard": int, "tp": int, "ep": int, "cp": int, "pp": int,
+        **dict.fromkeys(flags("titan03"), int),  # the degrees
         "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV", "GPipe",
                         "InterleavedZeroBubble", "LoopedBFS"),
         "compile": ("eager", "aot_fx_trace", "jit"),
@@ -61,14 +61,7 @@ class Titan03(TorchtitanTarget):
     MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
     MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config")
     TRAINER_CLASS = {"simplefsdp": "GraphTrainer", "fsdp2": "Trainer"}
-    DEGREE_FLAGS = {
-        "dp_replicate": "data_parallel_replicate_degree",
-        "dp_shard": "data_parallel_shard_degree",
-        "tp": "tensor_parallel_degree",
-        "ep": "expert_parallel_degree",
-        "cp": "context_parallel_degree",
-        "pp": "pipeline_parallel_degree",
-    }
+    DEGREE_FLAGS = flags(name)  # axis -> torchtitan option (degrees.py, the one table)
 
     # --- flags ----------------------------------------------------------------------------
 
@@ -208,7 +201,7 @@ class Titan03(TorchtitanTarget):
     def evidence_lines(self, cell) -> list:
         a = cell.axes
         return [*super().evidence_lines(cell),
-                *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in DEGREES if d.axis in a),
+                *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
                 *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
                 "memory <- effects.memory against the layout"]
 

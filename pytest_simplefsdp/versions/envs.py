@@ -24,6 +24,7 @@ from pathlib import Path
 from ..machine import installed
 from ..paths import PACKAGE
 from .sets import VersionSet
+from ..words import release
 
 DONE = "env.json"  # written last: a folder without it was never finished (built again)
 PLUGIN = "simplefsdp-plugin"  # the folder on the ranks' path that holds a link to the running plugin's package
@@ -57,7 +58,7 @@ class Environments:
         (a torchtitan target: torch, torchtitan, triton, psutil) the versions pytest runs with, or the newest."""
         out = []
         for package in ("torch", "torchtitan"):
-            pin = vset.get(package) or (installed(package).split("+")[0] if package in requires else "")
+            pin = vset.get(package) or (release(installed(package)) if package in requires else "")
             if pin.startswith("@"):
                 if self.repo is None:
                     raise EnvError(f"{vset.label()}: a torchtitan commit needs its git checkout "

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from ..words import release
+
 INSTALLED = "installed"  # the environment pytest runs in: no other is built
 PACKAGES = ("torch", "torchtitan")
 PIN = re.compile(r"^\s*(?P<name>[A-Za-z][\w.-]*)\s*(?:==\s*(?P<version>[^,\s@]+)|@\s*(?P<commit>[0-9a-fA-F]{7,40}))\s*$")
@@ -120,6 +122,6 @@ def wheel_versions(folder: Path, package) -> list[str]:
 def order(v):
     """A version's place in a list: releases by their order, anything else (a commit) after them."""
     try:
-        return (0, Version(v.split("+")[0]))
+        return (0, Version(release(v)))
     except InvalidVersion:
         return (1, v)
