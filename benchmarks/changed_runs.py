@@ -37,9 +37,24 @@ def run_pr(repo, commit, profile, folder) -> dict:
     git(repo, "checkout", "-q", commit)
     out = folder / f"{commit}.json"
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-profile={profile}",
-                           f"--simplefsdp-changed={commit}^", f"--simplefsdp-json={out}", "-p", "no:cacheprovider",
-                           f"--simplefsdp-artifacts={folder / commit}", "-q"], cwd=repo, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--simplefsdp-matrix",
+            f"--simplefsdp-profile={profile}",
+            f"--simplefsdp-changed={commit}^",
+            f"--simplefsdp-json={out}",
+            "-p",
+            "no:cacheprovider",
+            f"--simplefsdp-artifacts={folder / commit}",
+            "-q",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     doc = json.loads(out.read_text())["runs"][0] if out.is_file() else {}
     outcomes: dict[str, int] = {}
@@ -47,11 +62,17 @@ def run_pr(repo, commit, profile, folder) -> dict:
         outcomes[cell["status"]] = outcomes.get(cell["status"], 0) + 1
     changed = doc.get("meta", {}).get("changed") or {}
     selected = changed.get("selected")
-    return {"commit": commit, "exit": proc.returncode, "wall": wall, "outcomes": outcomes,
-            "files": len(changed.get("files", {})), "selected": selected,
-            "of": None if selected is None else selected + len(changed.get("left_out", [])),
-            "subject": git(repo, "log", "-1", "--format=%s", commit)[:50],
-            "tail": "" if out.is_file() else (proc.stdout + proc.stderr)[-2000:]}
+    return {
+        "commit": commit,
+        "exit": proc.returncode,
+        "wall": wall,
+        "outcomes": outcomes,
+        "files": len(changed.get("files", {})),
+        "selected": selected,
+        "of": None if selected is None else selected + len(changed.get("left_out", [])),
+        "subject": git(repo, "log", "-1", "--format=%s", commit)[:50],
+        "tail": "" if out.is_file() else (proc.stdout + proc.stderr)[-2000:],
+    }
 
 
 def main(argv=None):
@@ -76,8 +97,11 @@ def main(argv=None):
             for commit in prs:
                 rows.append(run_pr(repo, commit, a.profile, Path(tmp)))
                 r = rows[-1]
-                print(f"{r['commit']}  {r['selected']} of {r['of']} cells  {r['wall']:.0f} s  exit {r['exit']}  "
-                      f"{r['outcomes']}  {r['subject']}{chr(10) + r['tail'] if r['tail'] else ''}", flush=True)
+                print(
+                    f"{r['commit']}  {r['selected']} of {r['of']} cells  {r['wall']:.0f} s  exit {r['exit']}  "
+                    f"{r['outcomes']}  {r['subject']}{chr(10) + r['tail'] if r['tail'] else ''}",
+                    flush=True,
+                )
     finally:
         git(repo, "checkout", "-qf", head)
         subprocess.run(["git", "-C", str(repo), "branch", "-qD", "changed-runs-touch"], capture_output=True)
@@ -86,8 +110,10 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         outcomes = ", ".join(f"{n} {k}" for k, n in sorted(r["outcomes"].items())) or "none run"
-        print(f"| `{r['commit'][:7]}` | {r['files']} | {r['selected']} of {r['of']} | {outcomes} | {r['exit']} "
-              f"| {r['wall']:.0f} | {r['wall'] / slowest:.3f} | {r['subject']} |")
+        print(
+            f"| `{r['commit'][:7]}` | {r['files']} | {r['selected']} of {r['of']} | {outcomes} | {r['exit']} "
+            f"| {r['wall']:.0f} | {r['wall'] / slowest:.3f} | {r['subject']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -50,11 +50,16 @@ def main(argv=None):
         first = next(iter(profiles))
         shares["none" if not counts[first] else "all" if counts[first] == len(profiles[first]) else "some"] += 1
         unmapped = [f for f, r in chosen.files.items() if r is None]
-        print(f"{commit}  {len(files):5d}  " + "  ".join(f"{counts[n]:>{len(n) + 8}d}" for n in profiles)
-              + f"  {len(unmapped):8d}  {subject[:60]}")
-    print(f"{measured} commits: " + ", ".join(f"{n} {totals[n] / measured:.1f} of {len(c)} cells per commit"
-                                              for n, c in profiles.items())
-          + f"; {next(iter(profiles))}: {shares['none']} select none, {shares['some']} some, {shares['all']} all")
+        print(
+            f"{commit}  {len(files):5d}  "
+            + "  ".join(f"{counts[n]:>{len(n) + 8}d}" for n in profiles)
+            + f"  {len(unmapped):8d}  {subject[:60]}"
+        )
+    print(
+        f"{measured} commits: "
+        + ", ".join(f"{n} {totals[n] / measured:.1f} of {len(c)} cells per commit" for n, c in profiles.items())
+        + f"; {next(iter(profiles))}: {shares['none']} select none, {shares['some']} some, {shares['all']} all"
+    )
 
 
 if __name__ == "__main__":

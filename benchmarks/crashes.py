@@ -37,10 +37,25 @@ def one(folder, cell, launcher, fresh=False):
     """(record of the cell, wall seconds) of one plugin run."""
     out = folder / "run.json"
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"matrix/cpu.yaml::{cell}",
-                    f"--simplefsdp-launcher={launcher}", "--simplefsdp-confirm=1", f"--simplefsdp-json={out}",
-                    *(["--simplefsdp-fresh"] if fresh else []), "-p", "no:cacheprovider", "-q"],
-                   cwd=folder, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--simplefsdp-matrix",
+            f"matrix/cpu.yaml::{cell}",
+            f"--simplefsdp-launcher={launcher}",
+            "--simplefsdp-confirm=1",
+            f"--simplefsdp-json={out}",
+            *(["--simplefsdp-fresh"] if fresh else []),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
     wall = time.monotonic() - start
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": [{"cells": []}]}
     rec = next((c for c in doc["runs"][0]["cells"] if c["id"] == cell), {"status": "missing"})
@@ -68,9 +83,19 @@ def main():
                     folder = root / launcher
                     folder.mkdir(exist_ok=True)
                     rec, wall = one(folder, cell, launcher, args.fresh)
-                    row = rows.setdefault((launcher, cell), {"runs": 0, "crashed": 0, "baseline": 0, "other": 0,
-                                                             "passed again": 0, "threads": 0, "signals": Counter(),
-                                                             "walls": []})
+                    row = rows.setdefault(
+                        (launcher, cell),
+                        {
+                            "runs": 0,
+                            "crashed": 0,
+                            "baseline": 0,
+                            "other": 0,
+                            "passed again": 0,
+                            "threads": 0,
+                            "signals": Counter(),
+                            "walls": [],
+                        },
+                    )
                     row["runs"] += 1
                     row["walls"].append(wall)
                     row["threads"] += any("other thread" in d for d in rec.get("details") or [])
@@ -84,19 +109,26 @@ def main():
                         row["passed again"] += int((rec.get("confirm") or {}).get("passed", 0) > 0)
                     elif rec.get("status") != "passed":
                         row["other"] += 1
-                    print(f"run {n + 1}/{args.runs} {launcher:8} {cell}: {rec.get('status')} "
-                          f"{rec.get('failure_class') or ''} {wall:.0f}s", flush=True)
+                    print(
+                        f"run {n + 1}/{args.runs} {launcher:8} {cell}: {rec.get('status')} "
+                        f"{rec.get('failure_class') or ''} {wall:.0f}s",
+                        flush=True,
+                    )
     finally:
         stop.set()
         for p in load:
             p.join()
     print(f"\nload: {args.load} busy processes on {os.cpu_count()} CPUs; folders under {root}")
-    print(f"{'launcher':9} {'cell':28} {'runs':>4} {'crashed':>7} {'baseline crashed':>16} {'other':>5} "
-          f"{'passed again':>12} {'threads':>7}  signals  median wall")
+    print(
+        f"{'launcher':9} {'cell':28} {'runs':>4} {'crashed':>7} {'baseline crashed':>16} {'other':>5} "
+        f"{'passed again':>12} {'threads':>7}  signals  median wall"
+    )
     for (launcher, cell), r in rows.items():
         walls = sorted(r["walls"])
-        print(f"{launcher:9} {cell:28} {r['runs']:>4} {r['crashed']:>7} {r['baseline']:>16} {r['other']:>5} "
-              f"{r['passed again']:>12} {r['threads']:>7}  {dict(r['signals']) or '-'}  {walls[len(walls) // 2]:.0f}s")
+        print(
+            f"{launcher:9} {cell:28} {r['runs']:>4} {r['crashed']:>7} {r['baseline']:>16} {r['other']:>5} "
+            f"{r['passed again']:>12} {r['threads']:>7}  {dict(r['signals']) or '-'}  {walls[len(walls) // 2]:.0f}s"
+        )
 
 
 if __name__ == "__main__":

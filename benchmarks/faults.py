@@ -28,9 +28,12 @@ FAKES = ROOT / "tests" / "fakes"
 
 
 def fake(mode, ranks=2, args="", timeout=30, steps=3, target=None, extra=""):
-    command = target or (f'["{{python}}", "-m", "fake_rank", "--mode", "{mode}", "--dump", "{{dump_folder}}", '
-                         f'"--steps", "{{steps}}"{args}]')
-    return textwrap.dedent(f"""\
+    command = target or (
+        f'["{{python}}", "-m", "fake_rank", "--mode", "{mode}", "--dump", "{{dump_folder}}", '
+        f'"--steps", "{{steps}}"{args}]'
+    )
+    return (
+        textwrap.dedent(f"""\
         profile: faults
         target:
           env: {{PYTHONPATH: "{FAKES}"}}
@@ -43,55 +46,125 @@ def fake(mode, ranks=2, args="", timeout=30, steps=3, target=None, extra=""):
         axes:
           mode: [{mode}]
           ranks: [{ranks}]
-        """) + extra
+        """)
+        + extra
+    )
 
 
 # (fault, what issue 17 measured before, matrix text, extra pytest args, launchers it applies to)
 RANK_FAULTS = [
-    ("a rank closes stdout and stderr, then raises", "fork: exit code 0 on every rank, the cell passed",
-     fake("closeraise"), [], None),
-    ("a rank double-forks a setsid daemon that execs `sleep 97` with an empty environment",
-     "all: the daemon outlived the run (ppid 1)", fake("daemon"), [], None),
-    ("rank 0 raises while rank 2 ignores SIGTERM", "all: a hang of rank 2; rank 0's error missing",
-     fake("failignore", ranks=3, args=', "--rank", "2"', timeout=120), [], None),
-    ("a rank ignores SIGUSR1 and hangs", "all: 'every rank's Python stack was dumped' with its log empty",
-     fake("usr1ignore", args=', "--rank", "1"', timeout=15), [], None),
-    ("a rank hangs; the runner kills it at the timeout", "local: the killed rank recorded with exit code 0",
-     fake("hang", timeout=15), [], None),
+    (
+        "a rank closes stdout and stderr, then raises",
+        "fork: exit code 0 on every rank, the cell passed",
+        fake("closeraise"),
+        [],
+        None,
+    ),
+    (
+        "a rank double-forks a setsid daemon that execs `sleep 97` with an empty environment",
+        "all: the daemon outlived the run (ppid 1)",
+        fake("daemon"),
+        [],
+        None,
+    ),
+    (
+        "rank 0 raises while rank 2 ignores SIGTERM",
+        "all: a hang of rank 2; rank 0's error missing",
+        fake("failignore", ranks=3, args=', "--rank", "2"', timeout=120),
+        [],
+        None,
+    ),
+    (
+        "a rank ignores SIGUSR1 and hangs",
+        "all: 'every rank's Python stack was dumped' with its log empty",
+        fake("usr1ignore", args=', "--rank", "1"', timeout=15),
+        [],
+        None,
+    ),
+    (
+        "a rank hangs; the runner kills it at the timeout",
+        "local: the killed rank recorded with exit code 0",
+        fake("hang", timeout=15),
+        [],
+        None,
+    ),
     ("a rank dies of SIGSEGV", "fork: no faulthandler dump in the rank's log", fake("segv"), [], None),
-    ("a rank writes 200 MB to stdout, then exits", "torchrun: passed once (the cap was a poll); 200 MB log kept",
-     fake("flood", args=', "--flood-mb", "200"'), ["--simplefsdp-log-limit=16"], None),
-    ("`/bin/true` as the target, no `settings.steps`", "all: passed (no training step logged)",
-     fake("noop", target='["/bin/true"]').replace("settings: {steps: 3}\n", ""), [], None),
-    ("a module whose body runs at import (no main guard)",
-     "fork: every cell infra 'fork server did not start', servers left running",
-     fake("pass", target='["{python}", "-m", "unguarded_rank"]'), [], ["fork"]),
+    (
+        "a rank writes 200 MB to stdout, then exits",
+        "torchrun: passed once (the cap was a poll); 200 MB log kept",
+        fake("flood", args=', "--flood-mb", "200"'),
+        ["--simplefsdp-log-limit=16"],
+        None,
+    ),
+    (
+        "`/bin/true` as the target, no `settings.steps`",
+        "all: passed (no training step logged)",
+        fake("noop", target='["/bin/true"]').replace("settings: {steps: 3}\n", ""),
+        [],
+        None,
+    ),
+    (
+        "a module whose body runs at import (no main guard)",
+        "fork: every cell infra 'fork server did not start', servers left running",
+        fake("pass", target='["{python}", "-m", "unguarded_rank"]'),
+        [],
+        ["fork"],
+    ),
 ]
 
-UNGUARDED = ("import os\nprint(f'unguarded body ran in pid {os.getpid()} rank {os.environ.get(\"RANK\")}')\n"
-             "for step in (1, 2, 3):\n    print(f'step: {step}  loss: {10.0 / step:8.5f}  grad_norm: 1.0')\n")
+UNGUARDED = (
+    "import os\nprint(f'unguarded body ran in pid {os.getpid()} rank {os.environ.get(\"RANK\")}')\n"
+    "for step in (1, 2, 3):\n    print(f'step: {step}  loss: {10.0 / step:8.5f}  grad_norm: 1.0')\n"
+)
 
 # the escape that once ran os.system from a matrix file: reach warnings.catch_warnings, then its module's builtins
-ESCAPE = ("[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'catch_warnings'][0]()"
-          "._module.__builtins__['__import__']('os').system('touch MARKER')")
+ESCAPE = (
+    "[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'catch_warnings'][0]()"
+    "._module.__builtins__['__import__']('os').system('touch MARKER')"
+)
 # (fault, before, matrix text, known-failures text or None)
 BAD_INPUTS = [
-    ("a rule reaching `os` through `__subclasses__`", "ran os.system, even under --simplefsdp-dry-run",
-     fake("pass") + f"rules:\n  - {{name: escape, drop_if: \"{ESCAPE}\", reason: r}}\n", None),
-    ("a known-failures `error: '(a+)+$'` against a 200-character error line", "100 % CPU for more than 90 s",
-     fake("fail", args=', "--error", "RuntimeError: ' + "a" * 200 + '"'),
-     "- id: redos\n  when: {mode: fail}\n  error: '(a+)+$'\n  kind: xfail\n  reason: r\n"
-     "  link: https://github.com/pytorch/torchtitan/issues/1\n"),
-    ("a layout of 2 x 3 = 6 ranks with `world_sizes: [4]`", "collected; failed only at run time",
-     fake("pass").replace("world_sizes: [2]", "world_sizes: [4]").replace("degrees: [ranks]", "degrees: [a, b]")
-     .replace("  ranks: [2]\n", "  a: [2]\n  b: [3]\n"), None),
-    ("an `exclude` entry with a value no axis has", "accepted silently",
-     fake("pass") + "exclude:\n  - {mode: pas}\n", None),
+    (
+        "a rule reaching `os` through `__subclasses__`",
+        "ran os.system, even under --simplefsdp-dry-run",
+        fake("pass") + f'rules:\n  - {{name: escape, drop_if: "{ESCAPE}", reason: r}}\n',
+        None,
+    ),
+    (
+        "a known-failures `error: '(a+)+$'` against a 200-character error line",
+        "100 % CPU for more than 90 s",
+        fake("fail", args=', "--error", "RuntimeError: ' + "a" * 200 + '"'),
+        "- id: redos\n  when: {mode: fail}\n  error: '(a+)+$'\n  kind: xfail\n  reason: r\n"
+        "  link: https://github.com/pytorch/torchtitan/issues/1\n",
+    ),
+    (
+        "a layout of 2 x 3 = 6 ranks with `world_sizes: [4]`",
+        "collected; failed only at run time",
+        fake("pass")
+        .replace("world_sizes: [2]", "world_sizes: [4]")
+        .replace("degrees: [ranks]", "degrees: [a, b]")
+        .replace("  ranks: [2]\n", "  a: [2]\n  b: [3]\n"),
+        None,
+    ),
+    (
+        "an `exclude` entry with a value no axis has",
+        "accepted silently",
+        fake("pass") + "exclude:\n  - {mode: pas}\n",
+        None,
+    ),
     ("`timeout: .inf`", "accepted silently", fake("pass").replace("timeout: 30", "timeout: .inf"), None),
-    ("a YAML syntax error", "pointed at the line after its cause",
-     fake("pass").replace("device: cpu\n", "device: [cpu\n"), None),
-    ("a list where a mapping belongs (`settings: [1, 2]`)", "said 'got CommentedSeq'",
-     fake("pass").replace("settings: {steps: 3}", "settings: [1, 2]"), None),
+    (
+        "a YAML syntax error",
+        "pointed at the line after its cause",
+        fake("pass").replace("device: cpu\n", "device: [cpu\n"),
+        None,
+    ),
+    (
+        "a list where a mapping belongs (`settings: [1, 2]`)",
+        "said 'got CommentedSeq'",
+        fake("pass").replace("settings: {steps: 3}", "settings: [1, 2]"),
+        None,
+    ),
 ]
 
 
@@ -118,19 +191,35 @@ def pytest_run(tmp, matrix_text, args, kf_text=None):
         (Path(tmp) / "kf.yaml").write_text(kf_text)
         extra.append(f"--simplefsdp-known-failures={Path(tmp) / 'kf.yaml'}")
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--simplefsdp-matrix",
-                           f"--simplefsdp-matrix-file={path}", f"--simplefsdp-artifacts={Path(tmp) / 'runs'}",
-                           f"--simplefsdp-json={Path(tmp) / 'run.json'}", *extra, *args],
-                          cwd=tmp, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp}"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--simplefsdp-matrix",
+            f"--simplefsdp-matrix-file={path}",
+            f"--simplefsdp-artifacts={Path(tmp) / 'runs'}",
+            f"--simplefsdp-json={Path(tmp) / 'run.json'}",
+            *extra,
+            *args,
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp}"},
+    )
     return proc, time.monotonic() - started
 
 
 def rank_row(fault, before, text, args, launcher):
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         (Path(tmp) / "unguarded_rank.py").write_text(UNGUARDED)
-        proc, _ = pytest_run(tmp, text.replace(str(FAKES), f"{FAKES}:{tmp}"),
-                             [f"--simplefsdp-launcher={launcher}", *args])
+        proc, _ = pytest_run(
+            tmp, text.replace(str(FAKES), f"{FAKES}:{tmp}"), [f"--simplefsdp-launcher={launcher}", *args]
+        )
         time.sleep(0.5)  # what the run left behind has had its moment to die
         left = alive_under(tmp)
         try:
@@ -148,9 +237,13 @@ def rank_row(fault, before, text, args, launcher):
         for r, paths in sorted((cell.get("rank_logs") or {}).items()):
             texts = [Path(p).read_text(errors="replace") if os.path.exists(p) else "" for p in paths]
             if "SIGSEGV" in fault:
-                verdict += f"; rank {r}: {'faulthandler dump' if any('Fatal Python error' in t for t in texts) else 'no dump'}"
+                verdict += (
+                    f"; rank {r}: {'faulthandler dump' if any('Fatal Python error' in t for t in texts) else 'no dump'}"
+                )
             elif "200 MB" in fault:
-                verdict += f"; rank {r} log {sum(os.path.getsize(p) for p in paths if os.path.exists(p)) / 2 ** 20:.1f} MB"
+                verdict += (
+                    f"; rank {r} log {sum(os.path.getsize(p) for p in paths if os.path.exists(p)) / 2**20:.1f} MB"
+                )
             elif "main guard" in fault:
                 verdict += f"; rank {r}: {'body ran here' if any('unguarded body ran' in t for t in texts) else '-'}"
         return [fault, launcher, before, verdict, ", ".join(left) or "none"]
@@ -160,15 +253,23 @@ def input_row(fault, before, text, kf_text):
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         marker = Path(tmp) / "pwned"
         args = [] if kf_text else ["--simplefsdp-dry-run"]  # the regex is judged: the cell must run
-        proc, wall = pytest_run(tmp, text.replace("MARKER", str(marker)), [*args, "--simplefsdp-launcher=local"],
-                                kf_text)
-        err = next((line for line in (proc.stderr + proc.stdout).splitlines()
-                    if re.match(r"(ERROR|E  |.*UsageError)", line)), "")
+        proc, wall = pytest_run(
+            tmp, text.replace("MARKER", str(marker)), [*args, "--simplefsdp-launcher=local"], kf_text
+        )
+        err = next(
+            (line for line in (proc.stderr + proc.stdout).splitlines() if re.match(r"(ERROR|E  |.*UsageError)", line)),
+            "",
+        )
         if kf_text:  # the run judged the failure: its outcome line
             err = next((line for line in proc.stdout.splitlines() if "XFAIL" in line or "FAILED" in line), err)
         err = err or next((line for line in proc.stdout.splitlines() if "valid cells" in line or "n/a" in line), "")
-        return [fault, "-", before, f"exit {proc.returncode} in {wall:.1f} s: {err.strip()[:160]}",
-                "ran code" if marker.exists() else "-"]
+        return [
+            fault,
+            "-",
+            before,
+            f"exit {proc.returncode} in {wall:.1f} s: {err.strip()[:160]}",
+            "ran code" if marker.exists() else "-",
+        ]
 
 
 def main():

@@ -26,10 +26,23 @@ def main():
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
-        subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-q",
-                        "-p", "no:cacheprovider", f"--simplefsdp-artifacts={runs}",
-                        "-k", f"({' or '.join(a.cells)}) and not fsdp2 and not spmd_types"],
-                       check=False, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--simplefsdp-matrix",
+                "--simplefsdp-profile=cpu",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--simplefsdp-artifacts={runs}",
+                "-k",
+                f"({' or '.join(a.cells)}) and not fsdp2 and not spmd_types",
+            ],
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
         print(f"{'cell':32} {'probe on s':>10} {'probe off s':>11} {'ratio':>6}")
         for cell in a.cells:
             command = (runs / "cpu" / cell / "command.txt").read_text().strip()
@@ -37,8 +50,12 @@ def main():
             for _ in range(a.repeat):
                 for probe in ("1", "0"):
                     start = time.monotonic()
-                    subprocess.run(["bash", "-c", command.replace("SIMPLEFSDP_GRAD_PROBE=1", f"SIMPLEFSDP_GRAD_PROBE={probe}")],
-                                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    subprocess.run(
+                        ["bash", "-c", command.replace("SIMPLEFSDP_GRAD_PROBE=1", f"SIMPLEFSDP_GRAD_PROBE={probe}")],
+                        check=True,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
                     times[probe].append(time.monotonic() - start)
             on, off = statistics.median(times["1"]), statistics.median(times["0"])
             print(f"{cell:32} {on:10.1f} {off:11.1f} {on / off:6.2f}")

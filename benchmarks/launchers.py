@@ -45,8 +45,13 @@ from pytest_simplefsdp.spec.cells import expand  # noqa: E402
 from pytest_simplefsdp.spec.matrix import load_matrix  # noqa: E402
 from pytest_simplefsdp.targets import make_target  # noqa: E402
 
-DEFAULT_CELLS = ["llama3-dp2-eager", "llama3-tp2-eager", "deepseek_v3-dp2-ep2-eager",
-                 "llama3-dp2-aot_fx_trace-mp_default", "deepseek_v3-dp2-ep2-aot_fx_trace-mp_default"]
+DEFAULT_CELLS = [
+    "llama3-dp2-eager",
+    "llama3-tp2-eager",
+    "deepseek_v3-dp2-ep2-eager",
+    "llama3-dp2-aot_fx_trace-mp_default",
+    "deepseek_v3-dp2-ep2-aot_fx_trace-mp_default",
+]
 
 
 TITAN_LINE = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (.*)")
@@ -116,9 +121,24 @@ def bare(matrix_path, ids, work):
 def pytest_run(args, js, artifacts):
     """One pytest --simplefsdp-matrix run: (its wall, {id: record} of its cells and numerics baselines)."""
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-json={js}", "-q",
-                    f"--simplefsdp-artifacts={artifacts}", "-p", "no:cacheprovider", *args],
-                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--simplefsdp-matrix",
+            f"--simplefsdp-json={js}",
+            "-q",
+            f"--simplefsdp-artifacts={artifacts}",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
     total = time.monotonic() - start
     doc = json.loads(Path(js).read_text())["runs"][0]
     return total, {c["id"]: c for c in doc["cells"] + doc.get("baselines", [])}
@@ -144,9 +164,16 @@ def cells_mode(args):
                 steps["bare"][cid].append(spent)
             totals["bare"].append(sum(r[0] for r in ref.values()))
             for launcher in args.launchers:
-                total, recs = pytest_run([f"--simplefsdp-matrix-file={matrix}", f"--simplefsdp-launcher={launcher}",
-                                          "-k", f"({expr}) and not fsdp2 and not spmd_types"],  # ids: substrings of twins'
-                                         work / f"{launcher}.json", work / launcher)
+                total, recs = pytest_run(
+                    [
+                        f"--simplefsdp-matrix-file={matrix}",
+                        f"--simplefsdp-launcher={launcher}",
+                        "-k",
+                        f"({expr}) and not fsdp2 and not spmd_types",
+                    ],  # ids: substrings of twins'
+                    work / f"{launcher}.json",
+                    work / launcher,
+                )
                 totals[launcher].append(total)
                 for cid in args.cells:
                     rec = recs[cid]
@@ -161,37 +188,56 @@ def cells_mode(args):
                         verdicts.append(f"run {i + 1}: {cid}: {launcher} {rec['status']} {rec.get('error_line')}")
                     if launcher == "auto" and rec["launcher"] != "fork":
                         verdicts.append(f"run {i + 1}: {cid}: auto ran {rec['launcher']}, not fork")
-            print(f"run {i + 1}/{args.repeat}: " + ", ".join(f"{k} {totals[k][-1]:.1f} s" for k in kinds)
-                  + f"; load {load()}")
+            print(
+                f"run {i + 1}/{args.repeat}: "
+                + ", ".join(f"{k} {totals[k][-1]:.1f} s" for k in kinds)
+                + f"; load {load()}"
+            )
     med = {k: {cid: statistics.median(v) for cid, v in walls[k].items()} for k in kinds}
-    print(f"\nmedians over {args.repeat} runs, seconds (bare: the torchrun command alone; the others: the plugin "
-          f"with that launcher, the cell's record wall)")
+    print(
+        f"\nmedians over {args.repeat} runs, seconds (bare: the torchrun command alone; the others: the plugin "
+        f"with that launcher, the cell's record wall)"
+    )
     head = f"{'cell':46}" + "".join(f"{k:>9}" for k in kinds) + "".join(f"{'bare/' + k:>14}" for k in args.launchers)
     print(head)
     for cid in args.cells:
-        print(f"{cid:46}" + "".join(f"{med[k][cid]:9.1f}" for k in kinds)
-              + "".join(f"{med['bare'][cid] / med[k][cid]:14.2f}" for k in args.launchers))
+        print(
+            f"{cid:46}"
+            + "".join(f"{med[k][cid]:9.1f}" for k in kinds)
+            + "".join(f"{med['bare'][cid] / med[k][cid]:14.2f}" for k in args.launchers)
+        )
     tot = {k: statistics.median(totals[k]) for k in kinds}
-    print(f"{'total (plugin: the whole pytest run)':46}" + "".join(f"{tot[k]:9.1f}" for k in kinds)
-          + "".join(f"{tot['bare'] / tot[k]:14.2f}" for k in args.launchers))
+    print(
+        f"{'total (plugin: the whole pytest run)':46}"
+        + "".join(f"{tot[k]:9.1f}" for k in kinds)
+        + "".join(f"{tot['bare'] / tot[k]:14.2f}" for k in args.launchers)
+    )
     # what is left of a cell when start-up is gone: its training steps. bare / steps is the most any launcher
     # could reach on that cell without changing the work it runs
-    print(f"\ntraining steps (\"Training starts\" to the last step line: rank 0's log under the plugin, every rank's "
-          f"lines in bare torchrun's console), medians, seconds; bare/steps: bare torchrun's wall over the steps "
-          f"under {kinds[-1]}, the most any launcher could reach")
+    print(
+        f"\ntraining steps (\"Training starts\" to the last step line: rank 0's log under the plugin, every rank's "
+        f"lines in bare torchrun's console), medians, seconds; bare/steps: bare torchrun's wall over the steps "
+        f"under {kinds[-1]}, the most any launcher could reach"
+    )
     print(f"{'cell':46}" + "".join(f"{k:>9}" for k in kinds) + f"{'bare/steps':>14}")
     for cid in args.cells:
         med_steps = {k: statistics.median([x for x in steps[k][cid] if x is not None] or [float("nan")]) for k in kinds}
-        print(f"{cid:46}" + "".join(f"{med_steps[k]:9.1f}" for k in kinds)
-              + f"{med['bare'][cid] / med_steps[kinds[-1]]:14.2f}")
+        print(
+            f"{cid:46}"
+            + "".join(f"{med_steps[k]:9.1f}" for k in kinds)
+            + f"{med['bare'][cid] / med_steps[kinds[-1]]:14.2f}"
+        )
     print(f"losses and grad norms bitwise identical to bare torchrun, every launcher, every cell, every run: {same}")
     print("verdicts: " + ("every cell passed under every launcher" if not verdicts else "; ".join(verdicts)))
     print(f"load average after: {load()}")
 
 
 def profile_mode(args):
-    runs = [("torchrun, fresh", ["--simplefsdp-launcher=torchrun", "--simplefsdp-fresh"]),
-            ("default, cold", ["--simplefsdp-fresh"]), ("default, warm", [])]
+    runs = [
+        ("torchrun, fresh", ["--simplefsdp-launcher=torchrun", "--simplefsdp-fresh"]),
+        ("default, cold", ["--simplefsdp-fresh"]),
+        ("default, warm", []),
+    ]
     select = ["-k", args.select] if args.select else []
     print(f"load average before: {load()}; cores: {os.cpu_count()}")
     results = []
@@ -199,16 +245,20 @@ def profile_mode(args):
         for i, (name, extra) in enumerate(runs):
             total, recs = pytest_run(extra + select, Path(tmp) / f"{i}.json", Path(tmp) / f"run{i}")
             # torchtitan's own time in each job this run launched (rank 0's log): a kept job ran in an earlier run
-            times = {cid: (None, None) if r.get("reused_from") else titan_times(read_text(r["rank_logs"].get("0", [])))
-                     for cid, r in recs.items()}
+            times = {
+                cid: (None, None) if r.get("reused_from") else titan_times(read_text(r["rank_logs"].get("0", [])))
+                for cid, r in recs.items()
+            }
             results.append((name, total, recs, times))
             used = sorted({r["launcher"] for r in recs.values()})
             print(f"{name}: {total:.0f} s ({len(recs)} cells; launchers {used}); load {load()}")
     ids = list(results[0][2])
     last_name, _, _, last_times = results[-1]
-    print(f"\nper cell, seconds: each run's record wall (\"kept\": reused from an earlier run, not run; the status "
-          f"where not passed), then torchtitan's own time in the {last_name} run, from rank 0's log: its work (first "
-          f"line after the imports to the last step) and the training steps in it")
+    print(
+        f'\nper cell, seconds: each run\'s record wall ("kept": reused from an earlier run, not run; the status '
+        f"where not passed), then torchtitan's own time in the {last_name} run, from rank 0's log: its work (first "
+        f"line after the imports to the last step) and the training steps in it"
+    )
     print(f"{'cell':58}" + "".join(f"{name:>17}" for name, *_ in results) + f"{'titan work':>12}{'steps':>8}")
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     for cid in ids:
@@ -222,15 +272,27 @@ def profile_mode(args):
     base = results[0][1]
     work = sum(w for w, _ in last_times.values() if w is not None)
     steps = sum(s for _, s in last_times.values() if s is not None)
-    print(f"{'jobs run (and kept from an earlier run)':58}" + "".join(
-        f"{sum(1 for r in recs.values() if not r.get('reused_from')):>11} ({sum(1 for r in recs.values() if r.get('reused_from'))})"
-        for _, _, recs, _ in results))
-    print(f"{'total (the whole pytest run)':58}" + "".join(f"{total:17.0f}" for _, total, *_ in results)
-          + f"{work:12.0f}{steps:8.0f}")
-    print(f"{'ratio to the first':58}" + "".join(f"{total / base:17.2f}" for _, total, *_ in results)
-          + f"{work / base:12.2f}{steps / base:8.2f}")
-    print(f"floor: torchtitan's own work in the {last_name} run is {work / base:.2f} of the first run's wall "
-          f"({steps / base:.2f} in training steps): one cell at a time, no launcher goes below it")
+    print(
+        f"{'jobs run (and kept from an earlier run)':58}"
+        + "".join(
+            f"{sum(1 for r in recs.values() if not r.get('reused_from')):>11} ({sum(1 for r in recs.values() if r.get('reused_from'))})"
+            for _, _, recs, _ in results
+        )
+    )
+    print(
+        f"{'total (the whole pytest run)':58}"
+        + "".join(f"{total:17.0f}" for _, total, *_ in results)
+        + f"{work:12.0f}{steps:8.0f}"
+    )
+    print(
+        f"{'ratio to the first':58}"
+        + "".join(f"{total / base:17.2f}" for _, total, *_ in results)
+        + f"{work / base:12.2f}{steps / base:8.2f}"
+    )
+    print(
+        f"floor: torchtitan's own work in the {last_name} run is {work / base:.2f} of the first run's wall "
+        f"({steps / base:.2f} in training steps): one cell at a time, no launcher goes below it"
+    )
     print(f"load average after: {load()}")
 
 

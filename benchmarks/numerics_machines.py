@@ -71,8 +71,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("cells", nargs="+", type=Path, help="cell folders of a stored run (each with its command.txt)")
     p.add_argument("--cpu", action="append", default=[], help="native, or a qemu CPU model (qemu-x86_64 -cpu help)")
-    p.add_argument("--numerics", nargs="+", default=["none"],
-                   help="none, or pins written out: ATEN_CPU_CAPABILITY=avx2,MKL_CBWR=AVX2")
+    p.add_argument(
+        "--numerics",
+        nargs="+",
+        default=["none"],
+        help="none, or pins written out: ATEN_CPU_CAPABILITY=avx2,MKL_CBWR=AVX2",
+    )
     p.add_argument("--out", type=Path, default=Path("numerics-machines"))
     p.add_argument("--timeout", type=float, default=7200.0)
     a = p.parse_args(argv)
@@ -85,17 +89,35 @@ def main(argv=None):
                 out = (a.out / re.sub(r"[^\w.-]+", "_", f"{cell.name}-{cpu}-{numerics}")).resolve()
                 out.mkdir(parents=True, exist_ok=True)
                 start = time.monotonic()
-                proc = subprocess.run(["bash", "-c", variant_line(line, cell.resolve(), out, cpu, numerics)],
-                                      capture_output=True, text=True, timeout=a.timeout)
+                proc = subprocess.run(
+                    ["bash", "-c", variant_line(line, cell.resolve(), out, cpu, numerics)],
+                    capture_output=True,
+                    text=True,
+                    timeout=a.timeout,
+                )
                 wall = time.monotonic() - start
                 (out / "variant.log").write_text(proc.stdout + proc.stderr)
                 losses, stats = tensorboard_losses(out / "dump"), param_stats(out)
-                machine = json.loads((out / "evidence" / "rank0.json").read_text()).get("machine", {}) \
-                    if (out / "evidence" / "rank0.json").is_file() else {}
+                machine = (
+                    json.loads((out / "evidence" / "rank0.json").read_text()).get("machine", {})
+                    if (out / "evidence" / "rank0.json").is_file()
+                    else {}
+                )
                 nl, wl = compare({str(k): v for k, v in ref_losses.items()}, {str(k): v for k, v in losses.items()})
                 ns, ws = compare(ref_stats, stats)
-                rows.append((cell.name, cpu, numerics, machine.get("aten"), f"{wall:.0f}", len(losses),
-                             "equal" if nl and not wl else f"{wl:.2e}", ns, "equal" if ns and not ws else f"{ws:.2e}"))
+                rows.append(
+                    (
+                        cell.name,
+                        cpu,
+                        numerics,
+                        machine.get("aten"),
+                        f"{wall:.0f}",
+                        len(losses),
+                        "equal" if nl and not wl else f"{wl:.2e}",
+                        ns,
+                        "equal" if ns and not ws else f"{ws:.2e}",
+                    )
+                )
                 print(*rows[-1], sep="  ", flush=True)
     print("\ncell  cpu  numerics  aten  wall_s  steps  losses_vs_stored  params_compared  params_vs_stored")
     for row in rows:

@@ -41,8 +41,16 @@ def cases(folder):
     plain = folder / "test_plain.py"
     plain.write_text("def test_one():\n    assert 1 + 1 == 2\n")
     # (the SLURM plugin's entry point moved between the revisions: left out on both sides alike)
-    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:simplefsdp_slurm",
-            f"--rootdir={folder}"]
+    base = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:simplefsdp_slurm",
+        f"--rootdir={folder}",
+    ]
     return {
         "plain test file, plugin installed": base + [str(plain), "-q"],
         "plain test file, plugin disabled (-p no:simplefsdp)": base + [str(plain), "-q", "-p", "no:simplefsdp"],
@@ -79,8 +87,11 @@ def main():
     with tempfile.TemporaryDirectory(prefix="simplefsdp-startup-") as tmp:
         tmp = Path(tmp)
         old = tmp / "before"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(old), a.before],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(old), a.before],
+            check=True,
+            capture_output=True,
+        )
         init = old / "pytest_simplefsdp" / "__init__.py"
         if not init.exists():  # older revisions were a namespace package, which this checkout's regular one (on
             init.write_text("")  # the path through the editable install) would shadow even behind PYTHONPATH
@@ -89,15 +100,34 @@ def main():
             folder.mkdir()
             results = {}
             for label, path in ((f"before ({a.before})", old), ("now", None)):
-                check = subprocess.run([sys.executable, "-c", "import pytest_simplefsdp; print(pytest_simplefsdp.__path__[0])"],
-                                       capture_output=True, text=True, cwd=folder,
-                                       env=dict(os.environ, **({"PYTHONPATH": str(path)} if path else {})))
+                check = subprocess.run(
+                    [sys.executable, "-c", "import pytest_simplefsdp; print(pytest_simplefsdp.__path__[0])"],
+                    capture_output=True,
+                    text=True,
+                    cwd=folder,
+                    env=dict(os.environ, **({"PYTHONPATH": str(path)} if path else {})),
+                )
                 print(f"{label}: the plugin's code from {check.stdout.strip()}", flush=True)
                 (folder / "cache").mkdir(exist_ok=True)
-                timed([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:simplefsdp_slurm",
-                       "--simplefsdp-matrix", "--co", "-q", f"--rootdir={folder}"], folder,
-                      dict(os.environ, XDG_CACHE_HOME=str(folder / "cache"),
-                           **({"PYTHONPATH": str(path)} if path else {})))  # fills the warm case's cache
+                timed(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pytest",
+                        "-p",
+                        "no:cacheprovider",
+                        "-p",
+                        "no:simplefsdp_slurm",
+                        "--simplefsdp-matrix",
+                        "--co",
+                        "-q",
+                        f"--rootdir={folder}",
+                    ],
+                    folder,
+                    dict(
+                        os.environ, XDG_CACHE_HOME=str(folder / "cache"), **({"PYTHONPATH": str(path)} if path else {})
+                    ),
+                )  # fills the warm case's cache
                 results[label] = measure(path, a.repeat, folder)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], capture_output=True)
@@ -105,10 +135,29 @@ def main():
     rows = []
     for case in results[labels[0]]:
         before, now = results[labels[0]][case], results[labels[1]][case]
-        rows.append([case, f"{before[0]:.2f}", f"{now[0]:.2f}", f"{now[0] / before[0]:.2f}",
-                     f"{before[1]:.2f}", f"{now[1]:.2f}"])
-    print(tabulate(rows, headers=["case (median of runs)", f"first line {labels[0]} s", "first line now s",
-                                  "ratio", f"end {labels[0]} s", "end now s"]))
+        rows.append(
+            [
+                case,
+                f"{before[0]:.2f}",
+                f"{now[0]:.2f}",
+                f"{now[0] / before[0]:.2f}",
+                f"{before[1]:.2f}",
+                f"{now[1]:.2f}",
+            ]
+        )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "case (median of runs)",
+                f"first line {labels[0]} s",
+                "first line now s",
+                "ratio",
+                f"end {labels[0]} s",
+                "end now s",
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,15 +44,24 @@ class Degree:
 
 # in the order their flags are written; routed experts are split over efsdp x ep: their data-parallel share is
 # efsdp (a target says so, judge.layout)
-DEGREES = (Degree("dp_replicate", "data_parallel_replicate_degree", "DDP / HSDP (dp_replicate > 1)", ("dp_replicate",),
-                  COPIED),
-           Degree("dp_shard", "data_parallel_shard_degree", "FSDP (dp_shard > 1)",
-                  ("fsdp", "dp_shard", "dp_shard_cp", "efsdp"), SPLIT, True),
-           Degree("tp", "tensor_parallel_degree", "TP (tp > 1)", ("tp",), SPLIT, True),
-           Degree("ep", "expert_parallel_degree", "EP (ep > 1)", ("ep",), SPLIT, True),
-           Degree("cp", "context_parallel_degree", "CP (cp > 1)"),  # folds into dp_shard's dimension
-           Degree("pp", "pipeline_parallel_degree", "PP (pp > 1)"),  # a stage per rank: the target's stage evidence
-           Degree("etp", "expert_tensor_parallel_degree", "ETP (etp > 1)", eras=("titan02",)))  # the seed era's
+DEGREES = (
+    Degree(
+        "dp_replicate", "data_parallel_replicate_degree", "DDP / HSDP (dp_replicate > 1)", ("dp_replicate",), COPIED
+    ),
+    Degree(
+        "dp_shard",
+        "data_parallel_shard_degree",
+        "FSDP (dp_shard > 1)",
+        ("fsdp", "dp_shard", "dp_shard_cp", "efsdp"),
+        SPLIT,
+        True,
+    ),
+    Degree("tp", "tensor_parallel_degree", "TP (tp > 1)", ("tp",), SPLIT, True),
+    Degree("ep", "expert_parallel_degree", "EP (ep > 1)", ("ep",), SPLIT, True),
+    Degree("cp", "context_parallel_degree", "CP (cp > 1)"),  # folds into dp_shard's dimension
+    Degree("pp", "pipeline_parallel_degree", "PP (pp > 1)"),  # a stage per rank: the target's stage evidence
+    Degree("etp", "expert_tensor_parallel_degree", "ETP (etp > 1)", eras=("titan02",)),
+)  # the seed era's
 BY_AXIS = {d.axis: d for d in DEGREES}
 PLACED = tuple(d for d in DEGREES if d.dims)  # the degrees judge.layout reads per parameter
 BY_OPTION = {d.option: d.axis for d in DEGREES}  # upstream's configs, in the matrix's words

@@ -70,6 +70,7 @@ class Launcher(Protocol):
     def reproducer(self, spec) -> str: ...  # one shell line that reruns the cell alone
     def launch(self, spec): ...  # launch.LaunchSpec -> launch.LaunchOutcome
     def close(self) -> None: ...  # end of session: must not raise when what it started is already gone
+
     # optional: def incidents(self) -> list[str]: what went wrong in the launcher itself during the run (a fork
     # server that ended), named in the summary and the JSON; a launcher without it has none to report
 

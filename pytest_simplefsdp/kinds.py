@@ -27,6 +27,7 @@ class Word(str, Enum):
 
 class Status(Word):
     """A cell's pytest outcome."""
+
     PASSED = "passed"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -36,6 +37,7 @@ class Status(Word):
 
 class FailureClass(Word):
     """Why a cell failed, from its ranks' exit codes, logs and checks (see results.classify)."""
+
     INVALID_CONFIG = "invalid_config"
     COMPILE = "compile"
     RUNTIME = "runtime"
@@ -49,6 +51,7 @@ class FailureClass(Word):
 class GateClass(Word):
     """A failure of a pull request's run judged against its base (--simplefsdp-base), as PyTorch's Dr. CI sorts them;
     only NEW fails the gate."""
+
     NEW = "new"  # fails on the PR, passes on the base (or fails there differently)
     BROKEN_TRUNK = "broken trunk"  # fails on the base too, with the same signature
     FLAKY = "flaky"  # the PR's runs, or the base's, disagree
@@ -67,6 +70,7 @@ class Device(Word):
 
 class Mutation(Word):
     """What the mutation tier found for one mutant in one cell."""
+
     KILLED = "killed"
     SURVIVED = "survived"
     INCONCLUSIVE = "inconclusive"
@@ -74,6 +78,7 @@ class Mutation(Word):
 
 class KnownKind(Word):
     """How a known-failure entry treats the cells it applies to."""
+
     XFAIL = "xfail"  # run it, expect this failure
     FLAKY = "flaky"  # pass, or this failure
     SKIP = "skip"  # do not run it
@@ -81,6 +86,7 @@ class KnownKind(Word):
 
 class RecordType(Word):
     """The records of a stored run (results.jsonl lines)."""
+
     META = "meta"
     CELL = "cell"
     BASELINE = "baseline"
@@ -89,6 +95,7 @@ class RecordType(Word):
 
 class Coverage(Word):
     """How far our profiles run one of upstream's tests (report.coverage)."""
+
     COVERED = "covered"
     PARTLY = "partly"
     NONE = "none"
@@ -96,6 +103,7 @@ class Coverage(Word):
 
 class Change(Word):
     """What changed for a cell between a compared run and this one (report.compare)."""
+
     NEWLY_BROKEN = "newly broken"
     NEWLY_FIXED = "newly fixed"
     CHANGED_SIGNATURE = "changed signature"

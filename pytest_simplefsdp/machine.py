@@ -61,13 +61,19 @@ def machine():
     gpus = []
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            ).stdout
             gpus = [line.strip() for line in out.splitlines() if line.strip()]
         except (OSError, subprocess.TimeoutExpired):
             pass
-    return {"host": platform.node(), "gpus": gpus, "revisions": {k: v for k, v in (
-        ("torch", _torch_git_version()), ("torchtitan", vcs_commit("torchtitan"))) if v}}
+    return {
+        "host": platform.node(),
+        "gpus": gpus,
+        "revisions": {
+            k: v for k, v in (("torch", _torch_git_version()), ("torchtitan", vcs_commit("torchtitan"))) if v
+        },
+    }
 
 
 def _torch_git_version():
@@ -101,7 +107,7 @@ def source_checkout(package) -> Path | None:
     info = _direct_url(package)
     url = info.get("url", "")
     if (info.get("dir_info") or {}).get("editable") and url.startswith("file://"):
-        return Path(url[len("file://"):])
+        return Path(url[len("file://") :])
     return None
 
 

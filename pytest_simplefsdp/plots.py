@@ -27,8 +27,15 @@ def plot(path: Path, cell: dict, baseline: dict, title: str):
     if plt is None:
         return None
     kinds = [k for k in ("loss", "grad_norm") if cell.get(k) or baseline.get(k)]
-    fig, axes = plt.subplots(2, len(kinds), figsize=(4.5 * len(kinds), 4.8), dpi=100, squeeze=False,
-                             sharex="col", gridspec_kw={"height_ratios": [2, 1]})
+    fig, axes = plt.subplots(
+        2,
+        len(kinds),
+        figsize=(4.5 * len(kinds), 4.8),
+        dpi=100,
+        squeeze=False,
+        sharex="col",
+        gridspec_kw={"height_ratios": [2, 1]},
+    )
     for col, kind in enumerate(kinds):
         top, bottom = axes[0][col], axes[1][col]
         for name, data, style in (("baseline", baseline.get(kind, {}), "o-"), ("cell", cell.get(kind, {}), "x--")):
@@ -55,15 +62,26 @@ def walltime_plot(path: Path, doc: dict):
     cells = [(run["meta"].get("profile"), rec) for run in doc["runs"] for rec in run["cells"] if rec.get("wall")]
     if plt is None or not cells:
         return None
-    colours = {Status.PASSED: "tab:green", Status.FAILED: "tab:red", Status.XFAILED: "tab:orange", Status.XPASSED: "tab:purple"}
+    colours = {
+        Status.PASSED: "tab:green",
+        Status.FAILED: "tab:red",
+        Status.XFAILED: "tab:orange",
+        Status.XPASSED: "tab:purple",
+    }
     fig, ax = plt.subplots(figsize=(8, 0.6 + 0.18 * len(cells)), dpi=100)
-    ax.barh(range(len(cells)), [rec["wall"] for _, rec in cells],
-            color=[colours.get(rec["status"], "tab:grey") for _, rec in cells])
+    ax.barh(
+        range(len(cells)),
+        [rec["wall"] for _, rec in cells],
+        color=[colours.get(rec["status"], "tab:grey") for _, rec in cells],
+    )
     ax.set_yticks(range(len(cells)), [f"{p}::{rec['id']}" for p, rec in cells], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("wall time (s)")
-    ax.set_title(f"{len(cells)} cells, {sum(rec['wall'] for _, rec in cells):.0f} s in all (green pass, red fail, "
-                 f"orange known failure)", fontsize=8)
+    ax.set_title(
+        f"{len(cells)} cells, {sum(rec['wall'] for _, rec in cells):.0f} s in all (green pass, red fail, "
+        f"orange known failure)",
+        fontsize=8,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -104,14 +104,18 @@ def simplefsdp_cell(request):
 
     marker = request.node.get_closest_marker("simplefsdp_cell")
     if marker is None or len(marker.args) != 1:
-        raise pytest.UsageError(f"{request.node.nodeid}: the simplefsdp_cell fixture needs "
-                                f"@pytest.mark.simplefsdp_cell(cell_id, matrix=PATH or profile=NAME)")
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: the simplefsdp_cell fixture needs "
+            f"@pytest.mark.simplefsdp_cell(cell_id, matrix=PATH or profile=NAME)"
+        )
     matrix, profile = marker.kwargs.get("matrix"), marker.kwargs.get("profile")
     if (matrix is None) == (profile is None):
         raise pytest.UsageError(f"{request.node.nodeid}: simplefsdp_cell: give matrix=PATH or profile=NAME")
     if profile is not None and profile not in shipped(request.config.rootpath):
-        raise pytest.UsageError(f"{request.node.nodeid}: simplefsdp_cell: unknown profile {profile!r}; known: "
-                                f"{', '.join(shipped(request.config.rootpath))}")
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: simplefsdp_cell: unknown profile {profile!r}; known: "
+            f"{', '.join(shipped(request.config.rootpath))}"
+        )
     path = Path(matrix) if matrix else shipped(request.config.rootpath)[profile]
     path = path if path.is_absolute() else request.path.parent / path
     sessions = request.config.stash.setdefault(_FIXTURE_SESSIONS, {})

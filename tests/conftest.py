@@ -34,8 +34,13 @@ def run_matrix(pytester):
         path.write_text(text)
         confirm = [] if any(str(a).startswith("--simplefsdp-confirm") for a in args) else ["--simplefsdp-confirm=1"]
         return pytester.runpytest_subprocess(
-            "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}", f"--simplefsdp-launcher={launcher}",
-            f"--simplefsdp-artifacts={pytester.path / 'runs'}", *confirm, *args)
+            "--simplefsdp-matrix",
+            f"--simplefsdp-matrix-file={path}",
+            f"--simplefsdp-launcher={launcher}",
+            f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+            *confirm,
+            *args,
+        )
 
     return run
 

@@ -42,7 +42,7 @@ def fake_matrix(modes=("pass",), ranks=(2,), extra="", args="", steps=3, timeout
 def module_matrix(modes, **kw):
     """The fake rank as `python -m fake_rank`, the form the fork server can preload and fork."""
     text = fake_matrix(modes=modes, **kw).replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"')
-    return text.replace("target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
+    return text.replace("target:\n", 'target:\n  env: {PYTHONPATH: "%s"}\n' % FAKE_RANK.parent)
 
 
 NUMERICS = """\
@@ -81,8 +81,9 @@ KF_EQ = """\
 
 def report_tool(*args, cwd=None):
     """python -m pytest_simplefsdp.report, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_simplefsdp.report", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
 
 
 def interruptible():
@@ -116,8 +117,6 @@ def marked(prefix):
     return found
 
 
-
-
 def run_doc(path, index=0):
     """The run document (--simplefsdp-json) at ``path``: its ``index``-th matrix's meta, cells, dropped, ..."""
     return json.loads(Path(path).read_text())["runs"][index]
@@ -141,8 +140,12 @@ def slurm_jobs(wait=20.0):
     deadline = time.monotonic() + wait
     while True:
         out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T|%Z"], capture_output=True, text=True).stdout
-        jobs = [tuple(line.split("|")[:3]) for line in out.splitlines() if "|simplefsdp:" in line
-                and (not BASETEMP or os.path.join(line.rpartition("|")[2], "").startswith(os.path.join(BASETEMP[0], "")))]
+        jobs = [
+            tuple(line.split("|")[:3])
+            for line in out.splitlines()
+            if "|simplefsdp:" in line
+            and (not BASETEMP or os.path.join(line.rpartition("|")[2], "").startswith(os.path.join(BASETEMP[0], "")))
+        ]
         if not jobs or time.monotonic() > deadline:
             return jobs
         time.sleep(0.5)
@@ -158,12 +161,17 @@ def fake_wheel(folder, name, version, body=""):
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     info = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": f"__version__ = {version!r}\n{body}",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: pytest-simplefsdp tests\nRoot-Is-Purelib: true\n"
-                              "Tag: py3-none-any\n"}
-    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).decode().rstrip('=')},"
-              f"{len(text.encode())}" for path, text in files.items()] + [f"{info}/RECORD,,"]
+    files = {
+        f"{name}/__init__.py": f"__version__ = {version!r}\n{body}",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: pytest-simplefsdp tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).decode().rstrip('=')},"
+        f"{len(text.encode())}"
+        for path, text in files.items()
+    ] + [f"{info}/RECORD,,"]
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
         for name_, text in {**files, f"{info}/RECORD": "\n".join(record) + "\n"}.items():
@@ -175,29 +183,42 @@ GIT = ["git", "-c", "user.email=tests@pytest-simplefsdp", "-c", "user.name=pytes
 
 # bugs planted into torchtitan main (the bundle's commits) by the main tier and the bisection demonstration:
 # (file, the line they go after, the lines, what the commit says)
-PLANT_EP = ("torchtitan/experiments/graph_trainer/deepseek_v3/parallelize.py", "    annotate_deepseekv3(model)\n",
-            "    if parallel_dims.ep > 1:\n        raise RuntimeError('planted: expert parallelism refused')\n",
-            "planted: graph_trainer deepseek_v3 refuses EP")
-PLANT_TRACE = ("torchtitan/experiments/graph_trainer/llama3/parallelize.py", "    annotate_llama(model)\n",
-               "    if compile_config.mode == 'aot_fx_trace':\n"
-               "        raise RuntimeError('planted: aot_fx_trace refused for llama3')\n",
-               "planted: graph_trainer llama3 refuses aot_fx_trace")
+PLANT_EP = (
+    "torchtitan/experiments/graph_trainer/deepseek_v3/parallelize.py",
+    "    annotate_deepseekv3(model)\n",
+    "    if parallel_dims.ep > 1:\n        raise RuntimeError('planted: expert parallelism refused')\n",
+    "planted: graph_trainer deepseek_v3 refuses EP",
+)
+PLANT_TRACE = (
+    "torchtitan/experiments/graph_trainer/llama3/parallelize.py",
+    "    annotate_llama(model)\n",
+    "    if compile_config.mode == 'aot_fx_trace':\n"
+    "        raise RuntimeError('planted: aot_fx_trace refused for llama3')\n",
+    "planted: graph_trainer llama3 refuses aot_fx_trace",
+)
 
 
 # the PR of issue 45 on top of PLANT_EP's base: the same refusal, raised another way (a new failure, not broken trunk)
-PLANT_EP_OTHER = (PLANT_EP[0], PLANT_EP[2], "    if parallel_dims.ep > 1:\n        raise ValueError('expert parallel "
-                  "all-to-all: split sizes disagree across ranks')\n", "planted: EP refused with another error")
+PLANT_EP_OTHER = (
+    PLANT_EP[0],
+    PLANT_EP[2],
+    "    if parallel_dims.ep > 1:\n        raise ValueError('expert parallel "
+    "all-to-all: split sizes disagree across ranks')\n",
+    "planted: EP refused with another error",
+)
 
 
 # issue 45's numerics PR: every RMSNorm's default eps 1e-5 -> 1e-3 (both models, every layout alike)
-PLANT_EPS = ("torchtitan/models/common/nn_modules.py",
-             'class RMSNorm(nn.RMSNorm, Module):\n    """Configurable nn.RMSNorm."""\n\n'
-             "    @dataclass(kw_only=True, slots=True)\n    class Config(Module.Config):\n"
-             "        normalized_shape: int\n        eps: float = 1e-5\n",
-             'class RMSNorm(nn.RMSNorm, Module):\n    """Configurable nn.RMSNorm."""\n\n'
-             "    @dataclass(kw_only=True, slots=True)\n    class Config(Module.Config):\n"
-             "        normalized_shape: int\n        eps: float = 1e-3\n",
-             "planted: RMSNorm eps 1e-5 -> 1e-3")
+PLANT_EPS = (
+    "torchtitan/models/common/nn_modules.py",
+    'class RMSNorm(nn.RMSNorm, Module):\n    """Configurable nn.RMSNorm."""\n\n'
+    "    @dataclass(kw_only=True, slots=True)\n    class Config(Module.Config):\n"
+    "        normalized_shape: int\n        eps: float = 1e-5\n",
+    'class RMSNorm(nn.RMSNorm, Module):\n    """Configurable nn.RMSNorm."""\n\n'
+    "    @dataclass(kw_only=True, slots=True)\n    class Config(Module.Config):\n"
+    "        normalized_shape: int\n        eps: float = 1e-3\n",
+    "planted: RMSNorm eps 1e-5 -> 1e-3",
+)
 
 
 def plant(repo, bug, branch=None, replace=False) -> str:
@@ -217,27 +238,38 @@ def commit_all(repo, message, new_files=True) -> str:
     """Commit a checkout's working tree, new files too unless ``new_files`` is False (nothing changed: an empty
     commit); the commit's 12 hex digits."""
     subprocess.run([*GIT, "-C", str(repo), "add", "-A" if new_files else "-u"], check=True, capture_output=True)
-    subprocess.run([*GIT, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", message], check=True,
-                   capture_output=True)
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    subprocess.run(
+        [*GIT, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", message], check=True, capture_output=True
+    )
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def plant_in_history(repo, at, bug, branch="planted") -> tuple[str, str]:
     """Rewrite a torchtitan checkout's history with ``bug`` planted right after commit ``at``: a new ``branch`` of
     ``at``, the planted commit, then every later first-parent commit of HEAD cherry-picked on top, checked out.
     Returns (the planted commit, the new tip), 12 hex digits each."""
-    tip = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    later = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "--first-parent", f"{at}..{tip}"],
-                           check=True, capture_output=True, text=True).stdout.split()
+    tip = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    later = subprocess.run(
+        ["git", "-C", str(repo), "rev-list", "--reverse", "--first-parent", f"{at}..{tip}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     subprocess.run([*GIT, "-C", str(repo), "checkout", "-q", at], check=True)
     planted = plant(repo, bug, branch=branch)
     for commit in later:
-        subprocess.run([*GIT, "-C", str(repo), "cherry-pick", "--allow-empty", "-X", "theirs", commit],
-                       check=True, capture_output=True)
-    new_tip = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True,
-                             capture_output=True, text=True).stdout.strip()
+        subprocess.run(
+            [*GIT, "-C", str(repo), "cherry-pick", "--allow-empty", "-X", "theirs", commit],
+            check=True,
+            capture_output=True,
+        )
+    new_tip = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     return planted, new_tip
 
 
@@ -245,7 +277,8 @@ def fake_checkout(repo):
     """``repo`` made a fake torchtitan checkout, its stand-in package built by uv's own backend (offline)."""
     (repo / "torchtitan").mkdir(parents=True, exist_ok=True)
     (repo / "torchtitan" / "__init__.py").write_text("")
-    (repo / "pyproject.toml").write_text(textwrap.dedent("""\
+    (repo / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [project]
         name = "torchtitan"
         version = "0.2.2"
@@ -254,6 +287,7 @@ def fake_checkout(repo):
         build-backend = "uv_build"
         [tool.uv.build-backend]
         module-root = ""
-        """))
+        """)
+    )
     (repo / ".gitignore").write_text("*.yaml\n*.json\nruns/\n")
     subprocess.run([*GIT, "init", "-q", "-b", "main", str(repo)], check=True)

@@ -6,9 +6,10 @@ import subprocess
 
 import pytest
 
-from helpers import GIT, commit_all
 from pytest_simplefsdp.spec.paths import load_rules, map_file, select
 from pytest_simplefsdp.yamlio import MatrixError
+
+from helpers import GIT, commit_all
 
 pytestmark = pytest.mark.fake
 
@@ -27,8 +28,13 @@ def checkout(tmp_path):
 
 
 def dry_run(pytester, repo, *args):
-    return pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "--simplefsdp-dry-run",
-                                         f"--simplefsdp-torchtitan-repo={repo}", *args)
+    return pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "--simplefsdp-dry-run",
+        f"--simplefsdp-torchtitan-repo={repo}",
+        *args,
+    )
 
 
 def test_a_change_runs_only_the_cells_it_can_reach(pytester, checkout):
@@ -47,13 +53,17 @@ def test_a_change_runs_only_the_cells_it_can_reach(pytester, checkout):
         (repo / built).write_text("")
     model = dry_run(pytester, repo, f"--simplefsdp-changed={base}")
     assert model.parseoutcomes() == {"skipped": dsv3, "deselected": total - dsv3}, model.stdout.str()[-3000:]
-    model.stdout.fnmatch_lines([f"simplefsdp: --simplefsdp-changed: 5 files changed since {base} ({base}) reach "
-                                f"{dsv3} of {total} cells of matrix/cpu.yaml; {total - dsv3} left out",
-                                "    README.md: no cell (documentation; *titan03.yaml:*)",
-                                "    torchtitan.egg-info/PKG-INFO: no cell (pip's metadata*",
-                                "    torchtitan/__pycache__/trainer.cpython-311.pyc: no cell (Python's bytecode cache*",
-                                f"    {DSV3}: model=deepseek_v3 cells (graph_trainer's deepseek_v3; *titan03.yaml:*)",
-                                "    torchtitan/experiments/rl/new_file.py: no cell (another experiment*"])
+    model.stdout.fnmatch_lines(
+        [
+            f"simplefsdp: --simplefsdp-changed: 5 files changed since {base} ({base}) reach "
+            f"{dsv3} of {total} cells of matrix/cpu.yaml; {total - dsv3} left out",
+            "    README.md: no cell (documentation; *titan03.yaml:*)",
+            "    torchtitan.egg-info/PKG-INFO: no cell (pip's metadata*",
+            "    torchtitan/__pycache__/trainer.cpython-311.pyc: no cell (Python's bytecode cache*",
+            f"    {DSV3}: model=deepseek_v3 cells (graph_trainer's deepseek_v3; *titan03.yaml:*)",
+            "    torchtitan/experiments/rl/new_file.py: no cell (another experiment*",
+        ]
+    )
     commit_all(repo, "the pull request")
     (repo / "torchtitan/trainer.py").write_text("# the core trainer\n")
     wide = dry_run(pytester, repo, f"--simplefsdp-changed={base}")
@@ -68,8 +78,12 @@ def test_a_change_no_cell_can_reach_passes_the_gate_with_nothing_run(pytester, c
     commit_all(repo, "docs")
     result = dry_run(pytester, repo, "--simplefsdp-changed")  # bare: the merge base of HEAD with main
     assert result.ret == pytest.ExitCode.OK
-    result.stdout.fnmatch_lines([f"simplefsdp: --simplefsdp-changed: 1 file changed since merge-base(HEAD, main) "
-                                 f"({base}) reach 0 of * cells of matrix/cpu.yaml; * left out"])
+    result.stdout.fnmatch_lines(
+        [
+            f"simplefsdp: --simplefsdp-changed: 1 file changed since merge-base(HEAD, main) "
+            f"({base}) reach 0 of * cells of matrix/cpu.yaml; * left out"
+        ]
+    )
     bad = dry_run(pytester, repo, "--simplefsdp-changed=no-such-ref")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--simplefsdp-changed=no-such-ref: git rev-parse*no-such-ref*"])
@@ -84,8 +98,9 @@ def test_the_shipped_maps_load_and_a_bad_rule_names_its_line(tmp_path):
     chosen = select(rules, ["torchtitan/experiments/graph_trainer/graph_pp/runner.py", "docs/x.md"])
     assert chosen.reaches({"model": "llama3", "pp": 2}) and not chosen.reaches({"model": "llama3", "pp": 1})
     bad = tmp_path / "map.yaml"
-    bad.write_text("rules:\n  - {path: 'a/*', reaches: none, why: fine}\n  - {path: 'b/*', reaches: {pipeline: 2}, "
-                   "why: typo}\n")
+    bad.write_text(
+        "rules:\n  - {path: 'a/*', reaches: none, why: fine}\n  - {path: 'b/*', reaches: {pipeline: 2}, why: typo}\n"
+    )
     with pytest.raises(MatrixError, match=r"map.yaml:3: rule 'b/\*': unknown axis 'pipeline'"):
         load_rules(bad, Titan03.AXES)
     bad.write_text("rules:\n  - {path: 'a/*', reaches: some}\n")

@@ -11,7 +11,7 @@ from pytest_simplefsdp.kinds import FailureClass, Status
 from pytest_simplefsdp.run import checks
 from pytest_simplefsdp.spec.cells import Cell
 
-pytestmark = pytest.mark.fake
+pytestmark = pytest.mark.inproc
 
 CELL = Cell("llama3-dp2-eager", {"model": "llama3", "dp_shard": 2}, 2)
 
@@ -32,10 +32,12 @@ class Target:
 
 def checked(tmp_path, evidence, losses=None, grad_norms=None, invariants=False):
     target = Target(evidence)
-    spec = SimpleNamespace(log_dir=tmp_path, nproc=2,
-                           command=SimpleNamespace(env={"SIMPLEFSDP_INVARIANTS": "1"} if invariants else {}))
-    result = CellResult(CELL.id, dict(CELL.axes), losses=losses or {1: 10.8, 2: 9.9},
-                        grad_norms=grad_norms or {1: 4.1, 2: 3.7}, world=2)
+    spec = SimpleNamespace(
+        log_dir=tmp_path, nproc=2, command=SimpleNamespace(env={"SIMPLEFSDP_INVARIANTS": "1"} if invariants else {})
+    )
+    result = CellResult(
+        CELL.id, dict(CELL.axes), losses=losses or {1: 10.8, 2: 9.9}, grad_norms=grad_norms or {1: 4.1, 2: 3.7}, world=2
+    )
     checks.run_checks(SimpleNamespace(target=target), CELL, spec, result)
     return result, target.calls
 
@@ -49,8 +51,11 @@ def test_the_checks_run_in_order_and_the_first_failure_ends_them(tmp_path):
     assert (green.status, green.failure_class, calls) == (Status.PASSED, None, ["evidence"])
     assert green.evidence == [SHOWN.record()] and green.invariants is None  # (its ranks recorded none)
     dead, calls = checked(tmp_path, [SHOWN], grad_norms={1: 4.1, 2: 0.0})
-    assert (dead.failure_class, dead.error_line, calls) == (FailureClass.NUMERICS,
-                                                            "grad_norm is 0.0 at step 2: that step trained nothing", [])
+    assert (dead.failure_class, dead.error_line, calls) == (
+        FailureClass.NUMERICS,
+        "grad_norm is 0.0 at step 2: that step trained nothing",
+        [],
+    )
     nan, _ = checked(tmp_path, [SHOWN], losses={1: 10.8, 2: float("nan")})
     assert nan.error_line == "loss is nan at step 2"
 
@@ -59,8 +64,9 @@ def test_evidence_that_contradicts_the_label_or_could_not_be_read(tmp_path):
     wrong = Evidence("dp_shard=2", "split over 2 ranks", "whole on every rank", False)
     contradicted, _ = checked(tmp_path, [SHOWN, wrong], invariants=True)
     assert (contradicted.failure_class, contradicted.error_line) == (
-        FailureClass.INVALID_CONFIG, "the run does not show its label: dp_shard=2: expected split over 2 ranks, "
-                                     "saw whole on every rank")
+        FailureClass.INVALID_CONFIG,
+        "the run does not show its label: dp_shard=2: expected split over 2 ranks, saw whole on every rank",
+    )
     assert contradicted.invariants is None  # the list ended before the invariants were read
     blind, _ = checked(tmp_path, [wrong, Evidence("tp=2", "a probe record", "no record", False, infra=True)])
     assert blind.failure_class == FailureClass.INFRA  # a probe that did not run outranks a contradiction
@@ -77,7 +83,10 @@ def test_an_infra_result_names_its_line_and_its_culprit():
     mutant = Cell(CELL.id, CELL.axes, 2, mutant="fsdp_partial")
     r = CellResult.infra(mutant, "baseline llama3-dp1-eager failed: RuntimeError: boom", culprit="baseline x")
     assert (r.status, r.failure_class, r.error_line, r.error_text) == (
-        Status.FAILED, FailureClass.INFRA, "baseline llama3-dp1-eager failed: RuntimeError: boom",
-        "baseline llama3-dp1-eager failed: RuntimeError: boom")
+        Status.FAILED,
+        FailureClass.INFRA,
+        "baseline llama3-dp1-eager failed: RuntimeError: boom",
+        "baseline llama3-dp1-eager failed: RuntimeError: boom",
+    )
     assert (r.culprit, r.mutant, r.world, r.axes, r.not_run) == ("baseline x", "fsdp_partial", 2, CELL.axes, False)
     assert CellResult.infra(CELL, "no environment", not_run=True).culprit is None

@@ -24,8 +24,16 @@ def ran(error=None, not_run=False):
 def entry(kind=KnownKind.XFAIL, error="boom"):
     import re2
 
-    return Entry(id="known-one", when={}, error=error, kind=kind, link="https://github.com/pytorch/torchtitan/issues/1",
-                 reason="a known bug", pattern=re2.compile(error), where="kf.yaml")
+    return Entry(
+        id="known-one",
+        when={},
+        error=error,
+        kind=kind,
+        link="https://github.com/pytorch/torchtitan/issues/1",
+        reason="a known bug",
+        pattern=re2.compile(error),
+        where="kf.yaml",
+    )
 
 
 def case(own, base_runs, entries=()):
@@ -37,28 +45,47 @@ def case(own, base_runs, entries=()):
 
 
 TABLE = {  # name: (own confirming runs, base runs (error, not run), entries) -> (status, gate, verdict start)
-    "new: passes on the base": (([BOOM], [(None, False), (None, False)], ()),
-                                (Status.FAILED, GateClass.NEW, "new: fails here, passes on base main (0123456789ab) "
-                                                               "(2 of 2 runs)")),
-    "new: fails there differently": (([BOOM], [(OTHER, False)], ()),
-                                     (Status.FAILED, GateClass.NEW, "new: fails on base main (0123456789ab) too, but "
-                                                                    f"differently; here: {BOOM}; base: {OTHER}")),
-    "broken trunk": (([BOOM], [(BOOM, False), (BOOM, False)], ()),
-                     (Status.XFAILED, GateClass.BROKEN_TRUNK, "broken trunk: fails on base main (0123456789ab) too, "
-                                                              f"with the same signature (2 of 2 runs): {BOOM}")),
-    "flaky here": (([None], [], ()),
-                   (Status.XFAILED, GateClass.FLAKY, "flaky, new: passed 1 of 2 runs")),
-    "flaky on the base": (([BOOM], [(BOOM, False), (None, False)], ()),
-                          (Status.XFAILED, GateClass.FLAKY, "flaky: fails here, and on base main (0123456789ab) "
-                                                            "passed 1 of 2 runs")),
+    "new: passes on the base": (
+        ([BOOM], [(None, False), (None, False)], ()),
+        (Status.FAILED, GateClass.NEW, "new: fails here, passes on base main (0123456789ab) (2 of 2 runs)"),
+    ),
+    "new: fails there differently": (
+        ([BOOM], [(OTHER, False)], ()),
+        (
+            Status.FAILED,
+            GateClass.NEW,
+            f"new: fails on base main (0123456789ab) too, but differently; here: {BOOM}; base: {OTHER}",
+        ),
+    ),
+    "broken trunk": (
+        ([BOOM], [(BOOM, False), (BOOM, False)], ()),
+        (
+            Status.XFAILED,
+            GateClass.BROKEN_TRUNK,
+            f"broken trunk: fails on base main (0123456789ab) too, with the same signature (2 of 2 runs): {BOOM}",
+        ),
+    ),
+    "flaky here": (([None], [], ()), (Status.XFAILED, GateClass.FLAKY, "flaky, new: passed 1 of 2 runs")),
+    "flaky on the base": (
+        ([BOOM], [(BOOM, False), (None, False)], ()),
+        (Status.XFAILED, GateClass.FLAKY, "flaky: fails here, and on base main (0123456789ab) passed 1 of 2 runs"),
+    ),
     "known": (([], None, (entry(),)), (Status.XFAILED, GateClass.KNOWN, "known failure known-one")),
     "known flaky": (([], None, (entry(KnownKind.FLAKY),)), (Status.XFAILED, GateClass.KNOWN, "known failure")),
-    "base could not run": (([BOOM], [("no environment for torchtitan@0123456789ab: uv failed", True)], ()),
-                           (Status.FAILED, GateClass.NEW, "new: fails here; on base main (0123456789ab) the cell "
-                                                          "could not run (no environment for torchtitan@0123456789ab: "
-                                                          "uv failed), so nothing clears it")),
-    "another entry's error": (([BOOM], [(None, False)], (entry(error="other"),)),
-                              (Status.FAILED, GateClass.NEW, "new: fails here, passes on base")),
+    "base could not run": (
+        ([BOOM], [("no environment for torchtitan@0123456789ab: uv failed", True)], ()),
+        (
+            Status.FAILED,
+            GateClass.NEW,
+            "new: fails here; on base main (0123456789ab) the cell "
+            "could not run (no environment for torchtitan@0123456789ab: "
+            "uv failed), so nothing clears it",
+        ),
+    ),
+    "another entry's error": (
+        ([BOOM], [(None, False)], (entry(error="other"),)),
+        (Status.FAILED, GateClass.NEW, "new: fails here, passes on base"),
+    ),
 }
 
 
@@ -78,7 +105,9 @@ def test_without_a_base_a_new_failure_is_confirmed_or_flaky_and_pytest_fails_it(
     d = decide(first, [], confirm=confirm_record(first, [ran(OTHER), ran(None)]))
     assert (d.status, d.flaky) == (Status.FAILED, True) and d.verdict.startswith("flaky, new: passed 1 of 3 runs")
     d = decide(first, [], confirm={"runs": 1, "culprit": "baseline b", "culprit_runs": 2, "culprit_passed": 0})
-    assert d.verdict == "not this cell's failure: baseline b failed in every one of its 2 runs; the cell itself ran once"
+    assert (
+        d.verdict == "not this cell's failure: baseline b failed in every one of its 2 runs; the cell itself ran once"
+    )
     assert decide(ran(), []).status == Status.PASSED
 
 
@@ -106,9 +135,16 @@ def rows(*outcomes):
     """History rows, newest first: None a pass, an error a failure with that error's signature."""
     from pytest_simplefsdp.judge.known import signature
 
-    return [{"run": f"runs/{i}", "at": f"2026-12-0{9 - i}T00:00:00", "status": "failed" if e else "passed",
-             "failure_class": "runtime" if e else None, "signature": signature(e) if e else None}
-            for i, e in enumerate(outcomes)]
+    return [
+        {
+            "run": f"runs/{i}",
+            "at": f"2026-12-0{9 - i}T00:00:00",
+            "status": "failed" if e else "passed",
+            "failure_class": "runtime" if e else None,
+            "signature": signature(e) if e else None,
+        }
+        for i, e in enumerate(outcomes)
+    ]
 
 
 HISTORY = {  # name: earlier runs on the same versions, newest first -> flaky?
@@ -132,18 +168,22 @@ def test_a_failure_its_history_shows_failing_and_passing_since_is_flaky_not_new(
     assert (d.status, d.flaky) == (Status.FAILED, flaky)
     if flaky:
         passed = sum(1 for e in earlier if e is None)
-        assert d.verdict.startswith("flaky, new: failed the same way in run runs/") and \
-            d.verdict.endswith(f"passed {passed} of its last {len(earlier)} runs (history h.sqlite)")
+        assert d.verdict.startswith("flaky, new: failed the same way in run runs/") and d.verdict.endswith(
+            f"passed {passed} of its last {len(earlier)} runs (history h.sqlite)"
+        )
     else:
         assert d.verdict == "new: failed in every one of 2 runs"
     # under a PR gate the same history makes it flaky rather than new: it does not fail the gate
-    d = decide(first, [], confirm=confirm_record(first, [ran(BOOM)]), base=base_record([], BASE), gated=True,
-               history=history)
+    d = decide(
+        first, [], confirm=confirm_record(first, [ran(BOOM)]), base=base_record([], BASE), gated=True, history=history
+    )
     assert d.gate == (GateClass.FLAKY if flaky else GateClass.NEW)
     # a stored record keeps the rows it was judged with: judged again, the same
     first.confirm, first.history = confirm_record(first, [ran(BOOM)]), history
     from pytest_simplefsdp.judge.known import KnownFailures
 
     again = rejudge(first.record(), KnownFailures("none.yaml", []), {})
-    assert (again["flaky"], again["verdict"][:20]) == (flaky, decide(first, [], confirm=first.confirm,
-                                                                     history=history).verdict[:20])
+    assert (again["flaky"], again["verdict"][:20]) == (
+        flaky,
+        decide(first, [], confirm=first.confirm, history=history).verdict[:20],
+    )

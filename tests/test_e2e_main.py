@@ -11,23 +11,38 @@ from pathlib import Path
 
 import pytest
 
-from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_EPS, PLANT_TRACE, cells_of, plant, plant_in_history
 from pytest_simplefsdp.machine import source_checkout
+
+from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_EPS, PLANT_TRACE, cells_of, plant, plant_in_history
 
 CHECKOUT = Path(os.environ.get("SIMPLEFSDP_MAIN_CHECKOUT", "/nonexistent"))
 ELSEWHERE = source_checkout("torchtitan") is None or source_checkout("torchtitan").resolve() != CHECKOUT.resolve()
 
 # skipped per test, not the module: a module skip collects nothing, and pytest exits 5 (tox -e main without a bundle)
-pytestmark = [pytest.mark.real, pytest.mark.main,
-              pytest.mark.skipif(ELSEWHERE, reason="the main tier runs on torchtitan main installed editable from "
-                                 "$SIMPLEFSDP_MAIN_CHECKOUT (tox -e main, which clones the bundle)")]
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.main,
+    pytest.mark.skipif(
+        ELSEWHERE,
+        reason="the main tier runs on torchtitan main installed editable from "
+        "$SIMPLEFSDP_MAIN_CHECKOUT (tox -e main, which clones the bundle)",
+    ),
+]
 
 
 def run_smoke(pytester, *args, timeout=1500):
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-m", "smoke", "-v",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           *args, timeout=timeout)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-m",
+        "smoke",
+        "-v",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        *args,
+        timeout=timeout,
+    )
     return result, out
 
 
@@ -48,8 +63,9 @@ def test_the_smoke_cells_pass_on_torchtitan_main(pytester):
 def pr_branch():
     """A base one commit past main's head that breaks EP, and a PR on it that breaks aot_fx_trace on llama3,
     checked out in the editable clone (so the installed torchtitan is the PR); the clone's HEAD is restored after."""
-    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()  # (main: the clone's branch)
+    head = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()  # (main: the clone's branch)
     try:
         base = plant(CHECKOUT, PLANT_EP, branch="gate-demo-base")
         pr = plant(CHECKOUT, PLANT_TRACE, branch="gate-demo-pr")
@@ -63,8 +79,14 @@ def test_a_pr_on_main_is_gated_against_its_base(pytester, pr_branch):
     """llama3 eager passes (not rerun); llama3 aot_fx_trace fails here and passes on the base: new; deepseek_v3 EP
     fails on both with the same signature: broken trunk. One new failure: the gate fails."""
     base, _ = pr_branch
-    result, out = run_smoke(pytester, "--simplefsdp-base=gate-demo-base", f"--simplefsdp-torchtitan-repo={CHECKOUT}",
-                            "--simplefsdp-confirm=1", "-rA", timeout=2400)
+    result, out = run_smoke(
+        pytester,
+        "--simplefsdp-base=gate-demo-base",
+        f"--simplefsdp-torchtitan-repo={CHECKOUT}",
+        "--simplefsdp-confirm=1",
+        "-rA",
+        timeout=2400,
+    )
     result.assert_outcomes(passed=1, failed=1, xfailed=1)
     cells = cells_of(out)
     assert cells["llama3-dp2-eager"].get("gate") is None
@@ -82,25 +104,38 @@ def test_a_pr_that_moves_every_layouts_numerics_is_reported_against_its_base(pyt
     """RMSNorm's eps 1e-5 -> 1e-3 moves every cell and its baseline alike: each smoke cell passes its own baseline,
     and only the same cell on the base shows the change (--simplefsdp-base-numerics, report by default: the gate
     passes); under ``fail`` the cells fail as new."""
-    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    start = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], check=True,
-                           capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    start = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     try:
         plant(CHECKOUT, PLANT_EPS, branch="eps-demo-pr", replace=True)
-        result, out = run_smoke(pytester, f"--simplefsdp-base={start}", f"--simplefsdp-torchtitan-repo={CHECKOUT}",
-                                timeout=2400)
+        result, out = run_smoke(
+            pytester, f"--simplefsdp-base={start}", f"--simplefsdp-torchtitan-repo={CHECKOUT}", timeout=2400
+        )
         result.assert_outcomes(passed=3)
         for cell in cells_of(out).values():
             moved = cell["base_numerics"]
             assert moved["changed"] and moved["beyond"] and moved["size"]["loss"] > 1e-6, (cell["id"], moved)
             assert cell["numerics"]["max_rel_diff"] <= 1e-4, cell["numerics"]  # its own baseline moved with it
-        result.stdout.fnmatch_lines(["numerics vs the base: 3 of 3 passing smoke cell(s) compared changed",
-                                     "*llama3-dp2-eager: numerics changed vs the base*: largest relative change loss *"])
+        result.stdout.fnmatch_lines(
+            [
+                "numerics vs the base: 3 of 3 passing smoke cell(s) compared changed",
+                "*llama3-dp2-eager: numerics changed vs the base*: largest relative change loss *",
+            ]
+        )
         assert result.ret == pytest.ExitCode.OK
-        strict, _ = run_smoke(pytester, f"--simplefsdp-base={start}", f"--simplefsdp-torchtitan-repo={CHECKOUT}",
-                              "--simplefsdp-base-numerics=fail", "-k", "llama3-dp2-eager and not spmd_types",
-                              timeout=2400)
+        strict, _ = run_smoke(
+            pytester,
+            f"--simplefsdp-base={start}",
+            f"--simplefsdp-torchtitan-repo={CHECKOUT}",
+            "--simplefsdp-base-numerics=fail",
+            "-k",
+            "llama3-dp2-eager and not spmd_types",
+            timeout=2400,
+        )
         strict.assert_outcomes(failed=1)
         strict.stdout.fnmatch_lines(["*llama3-dp2-eager*new*numerics changed vs the base*"])
     finally:
@@ -133,10 +168,12 @@ EP_ONLY = textwrap.dedent("""\
 def ep_pr():
     """Issue 45's planted PR: a base one commit past main's head that refuses EP (RuntimeError), and a PR on it that
     refuses it with another error (ValueError), checked out in the editable clone; HEAD restored after."""
-    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    start = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], check=True,
-                           capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    start = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     try:
         base = plant(CHECKOUT, PLANT_EP, branch="ep-demo-base")
         pr = plant(CHECKOUT, PLANT_EP_OTHER, branch="ep-demo-pr", replace=True)
@@ -149,9 +186,21 @@ def ep_pr():
 def in_checkout(tmp_path, *args, timeout=2400):
     """pytest as a user runs it in their torchtitan checkout: its root the working folder (and the rootdir)."""
     out = tmp_path / "run.json"
-    proc = subprocess.run([str(PYTEST), "--simplefsdp-matrix", f"--simplefsdp-json={out}", "-rA",
-                           f"--simplefsdp-artifacts={tmp_path / 'runs'}", "--simplefsdp-confirm=1", *map(str, args)],
-                          cwd=CHECKOUT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [
+            str(PYTEST),
+            "--simplefsdp-matrix",
+            f"--simplefsdp-json={out}",
+            "-rA",
+            f"--simplefsdp-artifacts={tmp_path / 'runs'}",
+            "--simplefsdp-confirm=1",
+            *map(str, args),
+        ],
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc, out
 
 
@@ -190,8 +239,13 @@ def test_a_bisection_in_the_checkout_probes_each_commit(tmp_path, ep_pr):
     subprocess.run([*GIT, "-C", str(CHECKOUT), "checkout", "-q", "ep-demo-base"], check=True)
     matrix = tmp_path / "ep.yaml"
     matrix.write_text(EP_ONLY)
-    proc, out = in_checkout(tmp_path, f"--simplefsdp-matrix-file={matrix}", f"--simplefsdp-versions=torchtitan@{pr}",
-                            "--simplefsdp-bisect=torchtitan", f"--simplefsdp-bisect-versions={start}..{pr}")
+    proc, out = in_checkout(
+        tmp_path,
+        f"--simplefsdp-matrix-file={matrix}",
+        f"--simplefsdp-versions=torchtitan@{pr}",
+        "--simplefsdp-bisect=torchtitan",
+        f"--simplefsdp-bisect-versions={start}..{pr}",
+    )
     (found,) = json.loads(out.read_text())["bisections"]
     outcomes = {p["version"]: p["outcome"] for p in found["probes"]}
     assert found["window"] == [f"@{start}", f"@{pr}"], found  # (the base fails otherwise: skipped, as git bisect skip)
@@ -205,7 +259,9 @@ def test_a_bisection_in_the_checkout_probes_each_commit(tmp_path, ep_pr):
 def test_upstreams_suite_lists_its_cells_on_main(pytester):
     """Upstream's own suite on main: its configs take the dataset only in Python (grain), which the rank shim sets on
     whichever config a cell loads; before, the profile stopped before any cell ("needs --dataloader.dataset_path")."""
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=upstream", "--simplefsdp-dry-run")
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix", "--simplefsdp-profile=upstream", "--simplefsdp-dry-run"
+    )
     assert result.ret == 0, result.stdout.str()[-3000:] + result.stderr.str()[-2000:]
     result.stdout.fnmatch_lines(["*upstream.yaml: 39 valid cells, 0 n/a*"])
     assert "SIMPLEFSDP_CONFIG_SET=" in result.stdout.str() and "--dataloader.dataset_path" not in result.stdout.str()
@@ -217,10 +273,17 @@ def test_trace_cells_on_main_pass_or_fail_as_their_commit_scoped_entry(pytester)
     commit of it carries upstream's hash in its trailer: decided by ancestry)."""
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess(
-        "--simplefsdp-matrix", "--simplefsdp-profile=h100x8,upstream", "--simplefsdp-tier=trace", "-k",
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=h100x8,upstream",
+        "--simplefsdp-tier=trace",
+        "-k",
         "llama3-dp8-aot_fx_trace-mp_default or deepseek_v3-dp2-cp2-tp2-eager or "
         "(aot_fx_trace_llama3_fsdp_tp and not inductor)",
-        f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}", "-rA", timeout=1500)
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        "-rA",
+        timeout=1500,
+    )
     result.assert_outcomes(passed=2, xfailed=1)
     cp = cells_of(out)["deepseek_v3-dp2-cp2-tp2-eager"]
     assert cp["known_failure"] == "main-graph-trainer-cp-needs-spmd-types", cp
@@ -233,17 +296,35 @@ def test_a_release_range_is_refused_where_torchtitan_runs_a_commit(pytester):
     """main says 0.2.2 at every commit: an entry scoped `torchtitan: "<0.3"` would match all of main. It is refused at
     start, naming its line and the commit; the same entry scoped by commit loads."""
     kf = pytester.path / "kf.yaml"
-    entry = ("- id: old-release\n  when: {{profile: cpu, model: llama3, {scope}}}\n  error: boom\n  kind: xfail\n"
-             "  link: https://github.com/pytorch/torchtitan/pull/4218\n  reason: scoped by a release range\n")
+    entry = (
+        "- id: old-release\n  when: {{profile: cpu, model: llama3, {scope}}}\n  error: boom\n  kind: xfail\n"
+        "  link: https://github.com/pytorch/torchtitan/pull/4218\n  reason: scoped by a release range\n"
+    )
     kf.write_text(entry.format(scope='torchtitan: "<0.3"'))
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "--simplefsdp-dry-run",
-                                           f"--simplefsdp-known-failures={kf}", "-m", "smoke")
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "--simplefsdp-dry-run",
+        f"--simplefsdp-known-failures={kf}",
+        "-m",
+        "smoke",
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*kf.yaml:1: entry 'old-release': torchtitan: '<0.3' is a release range, but "
-                                 "torchtitan here runs commit * (its version string, 0.2.2, names no release)*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*kf.yaml:1: entry 'old-release': torchtitan: '<0.3' is a release range, but "
+            "torchtitan here runs commit * (its version string, 0.2.2, names no release)*"
+        ]
+    )
     kf.write_text(entry.format(scope='torchtitan_commit: ">=5dd944e62"'))
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "--simplefsdp-dry-run",
-                                           f"--simplefsdp-known-failures={kf}", "-m", "smoke")
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "--simplefsdp-dry-run",
+        f"--simplefsdp-known-failures={kf}",
+        "-m",
+        "smoke",
+    )
     assert result.ret == 0, result.stderr.str()[-2000:]
 
 
@@ -251,14 +332,22 @@ def test_each_spmd_backend_has_a_cpu_cell_on_main(pytester):
     """The spmd_backend axis on main (which offers partial_dtensor and spmd_types): the partial_dtensor cell passes with
     the backend its run used as evidence; SimpleFSDP under spmd_types fails as its known failure (no `fsdp` mesh)."""
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
-                                           "llama3-dp2-eager and not fsdp2", f"--simplefsdp-json={out}",
-                                           f"--simplefsdp-artifacts={pytester.path / 'runs'}", "-rA", timeout=1500)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-k",
+        "llama3-dp2-eager and not fsdp2",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        "-rA",
+        timeout=1500,
+    )
     result.assert_outcomes(passed=1, xfailed=1)
     cells = cells_of(out)
     seen = {e["axis"]: e for e in cells["llama3-dp2-eager"]["evidence"]}
     assert seen["spmd_backend=partial_dtensor"]["ok"] and seen["spmd_backend=partial_dtensor"]["seen"] == (
-        "partial_dtensor on ranks 0, 1")
+        "partial_dtensor on ranks 0, 1"
+    )
     assert cells["llama3-dp2-eager-spmd_types"]["known_failure"] == "simplefsdp-spmd-types-no-fsdp-mesh"
 
 
@@ -269,10 +358,12 @@ def test_each_spmd_backend_has_a_cpu_cell_on_main(pytester):
 def planted_main():
     """main's history with a regression planted three commits before its head (EP refused; the later commits
     cherry-picked on top, branch ``sentinel-demo``): (the commit before it, the planted commit, the new head)."""
-    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    before = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD~3"], check=True,
-                            capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    before = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "rev-parse", "--short=12", "HEAD~3"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     try:
         planted, tip = plant_in_history(CHECKOUT, before, PLANT_EP, branch="sentinel-demo")
         yield before, planted, tip
@@ -290,12 +381,17 @@ def test_the_sentinel_on_main_finds_the_planted_commit_unattended(tmp_path, plan
     matrix.write_text(EP_ONLY)
     nights = []
     for n, commit in enumerate((before, tip)):
-        proc, _ = in_checkout(tmp_path / f"night{n}", f"--simplefsdp-matrix-file={matrix}",
-                              f"--simplefsdp-sentinel={folder}", f"--simplefsdp-versions=torchtitan@{commit}")
+        proc, _ = in_checkout(
+            tmp_path / f"night{n}",
+            f"--simplefsdp-matrix-file={matrix}",
+            f"--simplefsdp-sentinel={folder}",
+            f"--simplefsdp-versions=torchtitan@{commit}",
+        )
         nights.append(proc)
     assert nights[0].returncode == 0, nights[0].stdout[-3000:] + nights[0].stderr[-2000:]
-    assert nights[1].returncode == 1 and "1 cell(s) turned red since the last nightly" in nights[1].stdout, \
+    assert nights[1].returncode == 1 and "1 cell(s) turned red since the last nightly" in nights[1].stdout, (
         nights[1].stdout[-4000:] + nights[1].stderr[-2000:]
+    )
     out = Path(json.loads((folder / "nightly.json").read_text())["run"])
     (issue,) = (out / "issues").iterdir()
     body = issue.read_text()

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cells_of, marked, run_doc
 from pytest_simplefsdp.paths import MATRIX_DIR
 from pytest_simplefsdp.spec.matrix import load_matrix
+
+from helpers import cells_of, marked, run_doc
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
 if not __import__("importlib.metadata").metadata.version("torchtitan").startswith("0.3."):
@@ -30,12 +31,20 @@ pytestmark = pytest.mark.real  # (the long comparisons and the benchmarks are e2
 
 def test_smoke_tier_runs_real_cells(pytester):
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-m", "smoke", "-v",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=1500)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-m",
+        "smoke",
+        "-v",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=1500,
+    )
     result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["*cpu.yaml::llama3-dp2-eager PASSED*", "*simplefsdp composability*",
-                                 "llama3 dp2 * pass *s * pass *s*"])
+    result.stdout.fnmatch_lines(
+        ["*cpu.yaml::llama3-dp2-eager PASSED*", "*simplefsdp composability*", "llama3 dp2 * pass *s * pass *s*"]
+    )
     cells = cells_of(out)
     assert set(cells) == {"llama3-dp2-eager", "llama3-dp2-aot_fx_trace-mp_default", "deepseek_v3-dp2-ep2-eager"}
     for cell in cells.values():
@@ -45,7 +54,8 @@ def test_smoke_tier_runs_real_cells(pytester):
         command = (Path(cell["log_dir"]) / "command.txt").read_text()  # the default on CPU: the fork launcher
         assert cell["launcher"] == "fork" and "RANK=1 " in command and "-m torchtitan.train" in command
         assert "[simplefsdp-shim] applied: device_type_cpu" in "".join(  # the server's shim, said in each rank's log
-            Path(p).read_text() for p in cell["rank_logs"]["1"])
+            Path(p).read_text() for p in cell["rank_logs"]["1"]
+        )
     # numerics: same seed checkpoint and global batch; tracing must not change a bit (lane exact)
     assert cells["llama3-dp2-eager"]["losses"] == cells["llama3-dp2-aot_fx_trace-mp_default"]["losses"]
     traced = cells["llama3-dp2-aot_fx_trace-mp_default"]["numerics"]
@@ -70,13 +80,20 @@ def test_smoke_tier_runs_real_cells(pytester):
 
 def test_failing_compile_cell_is_xfailed_with_its_trace_rendered(pytester):
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-rx",
-                                           "-k", "deepseek_v3-tp2-ep2-pp2-Interleaved1F1B-aot_fx_trace",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=900)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-rx",
+        "-k",
+        "deepseek_v3-tp2-ep2-pp2-Interleaved1F1B-aot_fx_trace",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=900,
+    )
     result.assert_outcomes(xfailed=1)
-    result.stdout.fnmatch_lines(["*known failure graphpp-tp-backward-only-inputs "
-                                 "(https://github.com/pytorch/torchtitan/issues/3780)*"])
+    result.stdout.fnmatch_lines(
+        ["*known failure graphpp-tp-backward-only-inputs (https://github.com/pytorch/torchtitan/issues/3780)*"]
+    )
     cell = run_doc(out)["cells"][0]
     assert cell["known_failure"] == "graphpp-tp-backward-only-inputs" and cell["failure_class"] == "compile"
     assert cell["error_line"].startswith("ValueError: Forward graph outputs require backward-only inputs")
@@ -92,20 +109,42 @@ def test_killed_rank_is_a_crash_of_that_rank_with_no_survivors(pytester):
     matrix.write_text((MATRIX_DIR / "cpu.yaml").read_text().replace("steps: 3", "steps: 2000"))
     shutil.copytree(MATRIX_DIR / "noise", pytester.path / "noise")
     runs = pytester.path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                             "-k", "llama3-dp2-eager and not fsdp2 and not spmd_types", f"--simplefsdp-artifacts={runs}",
-                             "-p", "no:cacheprovider",
-                             "--simplefsdp-confirm=1",  # (a confirming run would train its 2000 steps again)
-                             "--simplefsdp-launcher=torchrun"],  # (it finds the victim by torchrun's log folders)
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--simplefsdp-matrix",
+            f"--simplefsdp-matrix-file={matrix}",
+            "-k",
+            "llama3-dp2-eager and not fsdp2 and not spmd_types",
+            f"--simplefsdp-artifacts={runs}",
+            "-p",
+            "no:cacheprovider",
+            "--simplefsdp-confirm=1",  # (a confirming run would train its 2000 steps again)
+            "--simplefsdp-launcher=torchrun",
+        ],  # (it finds the victim by torchrun's log folders)
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         victim, deadline = None, time.monotonic() + 300
         while victim is None and time.monotonic() < deadline:
             logs = list(runs.glob("cpu/llama3-dp2-eager/torchrun/*/attempt_0/1/std*.log"))
             if any("step:  5" in p.read_text(errors="replace") for p in logs):
-                victim = next((p for p in marked("llama3-dp2-eager") if p.environ().get("RANK") == "1"  # the rank,
-                               and p.ppid() != os.getpid() and "torchtitan.train" in " ".join(p.cmdline())  # not
-                               and "reaper.py" not in " ".join(p.cmdline())), None)  # the reaper above it
+                victim = next(
+                    (
+                        p
+                        for p in marked("llama3-dp2-eager")
+                        if p.environ().get("RANK") == "1"  # the rank,
+                        and p.ppid() != os.getpid()
+                        and "torchtitan.train" in " ".join(p.cmdline())  # not
+                        and "reaper.py" not in " ".join(p.cmdline())
+                    ),
+                    None,
+                )  # the reaper above it
             time.sleep(0.2)
         assert victim is not None, "rank 1 never reached step 5"
         victim.send_signal(signal.SIGKILL)
@@ -125,10 +164,17 @@ def run_under(pytester, launchers, selection, *args, cells=2, docs=None):
     runs, selection = {}, f"({selection}) and not fsdp2 and not spmd_types"  # ids are substrings of their twins'
     for launcher in launchers:
         out = pytester.path / f"{launcher}.json"
-        result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k", selection,
-                                               f"--simplefsdp-launcher={launcher}", f"--simplefsdp-json={out}",
-                                               f"--simplefsdp-artifacts={pytester.path / launcher}", *args,
-                                               timeout=900)
+        result = pytester.runpytest_subprocess(
+            "--simplefsdp-matrix",
+            "--simplefsdp-profile=cpu",
+            "-k",
+            selection,
+            f"--simplefsdp-launcher={launcher}",
+            f"--simplefsdp-json={out}",
+            f"--simplefsdp-artifacts={pytester.path / launcher}",
+            *args,
+            timeout=900,
+        )
         result.assert_outcomes(passed=cells)
         doc = run_doc(out)
         runs[launcher] = {c["id"]: c for c in doc["cells"]}
@@ -147,8 +193,13 @@ def test_the_default_cpu_launcher_matches_torchrun_on_real_cells_of_both_models(
     one: the same verdicts, bitwise the same losses, gradient norms and comparison with the baseline; each record
     names its launcher. The second run starts from the seed checkpoints and baseline the first one kept."""
     docs = {}
-    runs = run_under(pytester, ("torchrun", "auto"), "llama3-dp2-eager or deepseek_v3-dp2-ep2-eager or "
-                     "llama3-dp2-aot_fx_trace-mp_default", cells=3, docs=docs)
+    runs = run_under(
+        pytester,
+        ("torchrun", "auto"),
+        "llama3-dp2-eager or deepseek_v3-dp2-ep2-eager or llama3-dp2-aot_fx_trace-mp_default",
+        cells=3,
+        docs=docs,
+    )
     assert len(runs["torchrun"]) == 3
     for cell_id, ref in runs["torchrun"].items():
         got = runs["auto"][cell_id]
@@ -177,8 +228,12 @@ def test_a_real_cell_runs_as_a_slurm_step(pytester, slurm):
 def test_slurm_launcher_matches_torchrun_on_real_cells(pytester, slurm):
     """Through the real single-node SLURM: a 2-rank cell on one node and a 4-rank cell on two nodes
     (torchrun's multi-node rendezvous), same verdicts and bitwise the same losses as the reference."""
-    runs = run_under(pytester, ("torchrun", "slurm"), "llama3-dp2-eager or llama3-dp2-tp2-eager",
-                     "--simplefsdp-slurm-ranks-per-node=2")
+    runs = run_under(
+        pytester,
+        ("torchrun", "slurm"),
+        "llama3-dp2-eager or llama3-dp2-tp2-eager",
+        "--simplefsdp-slurm-ranks-per-node=2",
+    )
     assert losses_of(runs["slurm"]) == losses_of(runs["torchrun"])
     tp = runs["slurm"]["llama3-dp2-tp2-eager"]
     assert len(tp["losses"]) == 3 and "/torchrun/node1/" in tp["rank_logs"]["3"][0]
@@ -188,10 +243,14 @@ def test_slurm_launcher_matches_torchrun_on_real_cells(pytester, slurm):
 def run_one_failing_cell(pytester, matrix):
     """Run a one-cell matrix file that must fail; its JSON record."""
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                                           "--simplefsdp-confirm=1",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=900)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        f"--simplefsdp-matrix-file={matrix}",
+        "--simplefsdp-confirm=1",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=900,
+    )
     result.assert_outcomes(failed=1)
     return run_doc(out)["cells"][0]
 
@@ -202,7 +261,8 @@ def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pyteste
     Here the flag the target passes is overridden after it (extra_args), as an ignored flag would be; the
     run trains and exits 0, and the evidence check fails it."""
     matrix = pytester.path / "lying.yaml"
-    matrix.write_text(textwrap.dedent("""\
+    matrix.write_text(
+        textwrap.dedent("""\
         profile: lying
         target: titan03
         device: cpu
@@ -220,13 +280,16 @@ def test_an_inductor_label_without_inductor_code_fails_as_invalid_config(pyteste
           compile: [aot_fx_trace]
           backend: [inductor]
           memory_policy: [default]
-        """))
+        """)
+    )
     cell = run_one_failing_cell(pytester, matrix)
     assert sorted(cell["losses"]) == ["1", "2"]  # it trained: only the evidence tells
     assert cell["failure_class"] == "invalid_config"
     # two independent witnesses: the terminal graph pass that ran (the probe) and the compile trace
-    assert cell["error_line"] == ("the run does not show its label: backend=inductor: expected "
-                                  "effects.inductor_compilation = full on every rank, saw regional on ranks 0, 1")
+    assert cell["error_line"] == (
+        "the run does not show its label: backend=inductor: expected "
+        "effects.inductor_compilation = full on every rank, saw regional on ranks 0, 1"
+    )
     codegen = [e for e in cell["evidence"] if e["expected"].startswith("inductor output code")]
     assert len(codegen) == 1 and not codegen[0]["ok"] and codegen[0]["seen"].startswith("none in 2 of 2 trace files")
     assert "--compile.inductor_compilation full" in Path(cell["log_dir"], "command.txt").read_text()
@@ -236,7 +299,8 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
     """tp=2 asked, undone after the target's flags (an ignored flag would look the same): the run trains
     as plain FSDP on 2 ranks and exits 0; the parameters lie sharded over fsdp 2, over no tp dimension."""
     matrix = pytester.path / "lying_tp.yaml"
-    matrix.write_text(textwrap.dedent("""\
+    matrix.write_text(
+        textwrap.dedent("""\
         profile: lying-tp
         target: titan03
         device: cpu
@@ -253,16 +317,21 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
           dp_shard: [1]
           tp: [2]
           compile: [eager]
-        """))
+        """)
+    )
     cell = run_one_failing_cell(pytester, matrix)
     assert sorted(cell["losses"]) == ["1", "2"]  # it trained
     assert cell["failure_class"] == "invalid_config"
     # every parameter read: split over 2 fsdp ranks, where the label says 1, and over no tp rank, where it says 2
-    assert cell["error_line"].startswith("the run does not show its label: dp_shard=1: expected every parameter split "
-                                         "over 1 rank of fsdp/dp_shard/dp_shard_cp/efsdp, saw 0 of 45 parameters, "
-                                         "0.0% of bytes on rank 0: ")
+    assert cell["error_line"].startswith(
+        "the run does not show its label: dp_shard=1: expected every parameter split "
+        "over 1 rank of fsdp/dp_shard/dp_shard_cp/efsdp, saw 0 of 45 parameters, "
+        "0.0% of bytes on rank 0: "
+    )
     wrong = {e["axis"]: e["seen"] for e in cell["evidence"] if not e["ok"]}
-    assert set(wrong) == {"dp_shard=1", "tp=2", "memory"} and wrong["tp=2"].startswith("0 of 32 parameters, 0.0% of bytes")
+    assert set(wrong) == {"dp_shard=1", "tp=2", "memory"} and wrong["tp=2"].startswith(
+        "0 of 32 parameters, 0.0% of bytes"
+    )
     # the bytes say the same: fsdp halves the norms too, which tp=2 would keep whole (6656 bytes fewer than the label)
     assert wrong["memory"].startswith("rank 0 holds 12327424 bytes of params, expected 12334080 (+-0)")
 
@@ -272,18 +341,26 @@ def test_a_label_applied_to_part_of_the_model_is_killed_by_its_own_evidence(pyte
     (its gradient all-reduced), and the memory policy leaving the first block untagged. The evidence read per
     parameter and per block names each; the bytes each rank holds say the same of the first."""
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
-                                           "llama3-dp2-aot_fx_trace-mp_default and not fsdp2 and not spmd_types",
-                                           "--simplefsdp-mutants=fsdp_partial,memory_policy_partial",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=900)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-k",
+        "llama3-dp2-aot_fx_trace-mp_default and not fsdp2 and not spmd_types",
+        "--simplefsdp-mutants=fsdp_partial,memory_policy_partial",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=900,
+    )
     result.assert_outcomes(passed=2)
     mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
     assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
         "fsdp_partial": ("killed", "evidence (dp_shard=2, memory)"),
-        "memory_policy_partial": ("killed", "evidence (memory_policy=default)")}
+        "memory_policy_partial": ("killed", "evidence (memory_policy=default)"),
+    }
     head = mutated["fsdp_partial"]
-    assert "saw 44 of 45 parameters" in head["error_line"] and "lm_head.weight over 1 on ranks 0, 1" in head["error_line"]
+    assert (
+        "saw 44 of 45 parameters" in head["error_line"] and "lm_head.weight over 1 on ranks 0, 1" in head["error_line"]
+    )
     held = next(e for e in head["evidence"] if e["axis"] == "memory")
     assert not held["ok"] and held["seen"].startswith("rank 0 holds ")  # the head's 2 MiB held twice
     assert head["memory"]["ratio"] > 1.05
@@ -298,24 +375,33 @@ def test_each_axis_applied_to_part_of_the_model_is_killed_by_its_own_evidence(py
     which names the piece."""
     out = pytester.path / "run.json"
     cells = ("llama3-dp2-tp2-eager", "llama3-dpr2-dp2-eager", "deepseek_v3-dp2-ep2-eager", "llama3-dp2-pp2-1F1B-eager")
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
-                                           f"mutation and ({' or '.join(cells)}) and not fsdp2 and not spmd_types",
-                                           "--simplefsdp-mutants=tp_partial,replicate_partial,ep_partial,pp_partial",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=1200)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-k",
+        f"mutation and ({' or '.join(cells)}) and not fsdp2 and not spmd_types",
+        "--simplefsdp-mutants=tp_partial,replicate_partial,ep_partial,pp_partial",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=1200,
+    )
     result.assert_outcomes(passed=4)
     mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
     assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
         "tp_partial": ("killed", "evidence (tp=2, memory)"),
         "replicate_partial": ("killed", "evidence (dp_replicate=2, memory)"),
         "ep_partial": ("killed", "evidence (dp_shard=2, ep=2)"),  # the experts' data-parallel share is not efsdp's
-        "pp_partial": ("killed", "evidence (pp=2)")}
+        "pp_partial": ("killed", "evidence (pp=2)"),
+    }
     seen = {k: {e["axis"]: e["seen"] for e in m["evidence"] if not e["ok"]} for k, m in mutated.items()}
     assert "layers.0.attention.qkv_linear.wqkv.weight over 1 on ranks 0, 1, 2, 3" in seen["tp_partial"]["tp=2"]
-    assert seen["replicate_partial"]["dp_replicate=2"] == ("44 of 45 parameters, 91.5% of bytes on rank 0: "
-                                                          "lm_head.weight over 1 on ranks 0, 1, 2, 3")
-    assert seen["ep_partial"]["ep=2"].startswith("12 of 15 parameters, 80.0% of bytes on rank 0: "
-                                                 "layers.5.moe.routed_experts.inner_experts.w1_EFD over 1 on ranks 0, 1")
+    assert seen["replicate_partial"]["dp_replicate=2"] == (
+        "44 of 45 parameters, 91.5% of bytes on rank 0: lm_head.weight over 1 on ranks 0, 1, 2, 3"
+    )
+    assert seen["ep_partial"]["ep=2"].startswith(
+        "12 of 15 parameters, 80.0% of bytes on rank 0: "
+        "layers.5.moe.routed_experts.inner_experts.w1_EFD over 1 on ranks 0, 1"
+    )
     assert seen["pp_partial"]["pp=2"].startswith("blocks 5 on none")
     assert all(m["memory"] for m in mutated.values())  # recorded for every layout, read against each one's rules
 
@@ -327,20 +413,31 @@ def test_the_mutation_tier_kills_gradient_load_update_schedule_and_state_bugs(py
     invariant), and the three bugs that act from step 2 on: an update (changed), a schedule (lr) and a state (the
     update norm against the baseline at step 2)."""
     out = pytester.path / "run.json"
-    names = ("expert_grad_divide,expert_placement,lost_update,update_lost_from_step2,lr_skew_from_step2,"
-             "optimizer_state_lost_at_step2")
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
-                                           "deepseek_v3-dp2-ep2-eager and not fsdp2 and not spmd_types",
-                                           f"--simplefsdp-mutants={names}",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=1500)
+    names = (
+        "expert_grad_divide,expert_placement,lost_update,update_lost_from_step2,lr_skew_from_step2,"
+        "optimizer_state_lost_at_step2"
+    )
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-k",
+        "deepseek_v3-dp2-ep2-eager and not fsdp2 and not spmd_types",
+        f"--simplefsdp-mutants={names}",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=1500,
+    )
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["*mutation tier: 6 of 6 mutant runs killed*"])
     mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
     assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
-        "expert_grad_divide": ("killed", "grad_norm"), "expert_placement": ("killed", "init_checksum"),
-        "lost_update": ("killed", "invariant (changed)"), "update_lost_from_step2": ("killed", "invariant (changed)"),
-        "lr_skew_from_step2": ("killed", "invariant (lr)"), "optimizer_state_lost_at_step2": ("killed", "update_norm")}
+        "expert_grad_divide": ("killed", "grad_norm"),
+        "expert_placement": ("killed", "init_checksum"),
+        "lost_update": ("killed", "invariant (changed)"),
+        "update_lost_from_step2": ("killed", "invariant (changed)"),
+        "lr_skew_from_step2": ("killed", "invariant (lr)"),
+        "optimizer_state_lost_at_step2": ("killed", "update_norm"),
+    }
     divide = mutated["expert_grad_divide"]
     first = divide["numerics"]["params"]["first_difference"]
     # half of the EP 2 layout's gradient, whose norm is within 2e-5 of the dp 2 baseline's at step 1
@@ -412,10 +509,17 @@ def test_the_probe_attaches_when_a_foreign_hook_imports_torchtitan(pytester, fal
     env = {} if fallback == "on" else {"SIMPLEFSDP_PROBE_FALLBACK": "0"}
     pytester.makeconftest(HOOKED.format(folder=str(pytester.path), env=env))
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu", "-k",
-                                           "llama3-dp2-eager and not fsdp2 and not spmd_types", "--simplefsdp-launcher=local",
-                                           "--simplefsdp-confirm=1", f"--simplefsdp-json={out}",
-                                           f"--simplefsdp-artifacts={pytester.path / 'runs'}", timeout=900)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "-k",
+        "llama3-dp2-eager and not fsdp2 and not spmd_types",
+        "--simplefsdp-launcher=local",
+        "--simplefsdp-confirm=1",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=900,
+    )
     cell = cells_of(out)["llama3-dp2-eager"]
     hooks = json.loads((Path(cell["log_dir"]) / "evidence" / "rank1.json").read_text())["probe"]["hooks"]
     if fallback == "on":
@@ -424,10 +528,12 @@ def test_the_probe_attaches_when_a_foreign_hook_imports_torchtitan(pytester, fal
     else:
         result.assert_outcomes(failed=1)
         assert cell["failure_class"] == "infra" and "mesh" not in hooks
-        assert cell["error_line"].startswith("the evidence probe cannot show the label: spmd_backend=partial_dtensor: "
-                                             "expected effects.spmd_backend = partial_dtensor on every rank, saw "
-                                             "nothing: the evidence probe's 'train_step' hook did not attach on ranks "
-                                             "0, 1")
+        assert cell["error_line"].startswith(
+            "the evidence probe cannot show the label: spmd_backend=partial_dtensor: "
+            "expected effects.spmd_backend = partial_dtensor on every rank, saw "
+            "nothing: the evidence probe's 'train_step' hook did not attach on ranks "
+            "0, 1"
+        )
 
 
 RESUME = """\
@@ -464,17 +570,23 @@ def test_a_checkpoint_resumes_on_another_layout_in_the_cells_second_run(pytester
     matrix = pytester.path / "resume.yaml"
     matrix.write_text(RESUME)
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                                           f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-                                           timeout=900)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        f"--simplefsdp-matrix-file={matrix}",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=900,
+    )
     result.assert_outcomes(passed=1)
     cell = run_doc(out)["cells"][0]
     second = next(d for d in cell["details"] if d.startswith("run 2 of 2 loaded the checkpoint"))
     assert second.startswith("run 2 of 2 loaded the checkpoint and trained steps 3-4 ")  # it resumed, not restarted
     assert second.endswith("/run2)") and sorted(cell["losses"]) == ["1", "2"]
     log = "".join(p.read_text() for p in (Path(cell["log_dir"]) / "run2").rglob("*.log"))  # (torchrun's, or rank<N>)
-    assert "Finished loading the checkpoint" in log and "--parallelism.tensor_parallel_degree 2" in \
-        (Path(cell["log_dir"]) / "run2" / "command.txt").read_text()
+    assert (
+        "Finished loading the checkpoint" in log
+        and "--parallelism.tensor_parallel_degree 2" in (Path(cell["log_dir"]) / "run2" / "command.txt").read_text()
+    )
     assert not marked("llama3-dp2-eager-resume")
 
 
@@ -483,11 +595,17 @@ def test_the_launcher_benchmark_runs_and_finds_the_default_equivalent_to_bare_to
     """benchmarks/launchers.py, its cells mode on one real cell: it runs, prints the table, and bare torchrun and
     the default launcher give bitwise the same losses and grad norms (its ratios are for a quiet machine, not here)."""
     script = Path(__file__).parent.parent / "benchmarks" / "launchers.py"
-    out = subprocess.run([sys.executable, str(script), "cells", "--repeat", "1", "--cells", "llama3-dp2-eager",
-                          "--launchers", "auto"], capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, str(script), "cells", "--repeat", "1", "--cells", "llama3-dp2-eager", "--launchers", "auto"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "losses and grad norms bitwise identical to bare torchrun, every launcher, every cell, every run: True" \
-        in out.stdout, out.stdout
+    assert (
+        "losses and grad norms bitwise identical to bare torchrun, every launcher, every cell, every run: True"
+        in out.stdout
+    ), out.stdout
     assert "verdicts: every cell passed under every launcher" in out.stdout
     rows = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("llama3-dp2-eager ")]
     assert len(rows) == 2, out.stdout  # the walls, then the training steps inside them
@@ -503,11 +621,18 @@ def test_the_profile_benchmark_reuses_the_baseline_warm_and_states_torchtitans_o
     run's jobs (rank 0's log) holds the steps and is inside the torchrun job's wall. (Not the forked job's record
     wall: that clock starts once the ranks are forked, and a forked rank, its imports done, logs at once.)"""
     script = Path(__file__).parent.parent / "benchmarks" / "launchers.py"
-    out = subprocess.run([sys.executable, str(script), "profile", "--select", "llama3-tp2-eager and not fsdp2"],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, str(script), "profile", "--select", "llama3-tp2-eager and not fsdp2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()
-            if line.startswith(("llama3-tp2-eager ", "baseline-llama3-eager "))}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in out.stdout.splitlines()
+        if line.startswith(("llama3-tp2-eager ", "baseline-llama3-eager "))
+    }
     assert rows["baseline-llama3-eager"][2:] == ["kept", "-", "-"], out.stdout  # not run warm: no time of its own
     fresh, cold, warm, work, steps = map(float, rows["llama3-tp2-eager"])
     assert 0 < steps < work < fresh and cold > 0 and warm > 0, out.stdout

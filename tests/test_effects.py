@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_doc
 from pytest_simplefsdp.paths import MATRIX_DIR
+
+from helpers import run_doc
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
 if not __import__("importlib.metadata").metadata.version("torchtitan").startswith("0.3."):
@@ -34,69 +35,131 @@ def ignored(axis):
 
 # axis -> (the cell, [(file under torchtitan/, text, replacement)], the label part whose evidence must fail)
 INJECTIONS = {
-    "dp_shard": ("llama3-dp2-eager", [(  # SimpleFSDP replicates instead of sharding: trains as DDP
-        "experiments/graph_trainer/common_utils.py",
-        '        dp_mesh_dim_names = ["fsdp"]\n        dp_mode = "fully_shard"',
-        f'        dp_mesh_dim_names = ["fsdp"]\n        dp_mode = "replicate" if {IGNORED}("dp_shard") else "fully_shard"')],
-        "dp_shard=2"),
-    "dp_replicate": ("llama3-dpr2-dp2-eager", [(  # HSDP's replicate dimension dropped: FSDP over fsdp alone
-        "experiments/graph_trainer/common_utils.py",
-        "    if parallel_dims.dp_replicate_enabled:\n        if parallel_dims.dp_shard_enabled",
-        f'    if parallel_dims.dp_replicate_enabled and not {IGNORED}("dp_replicate"):\n'
-        "        if parallel_dims.dp_shard_enabled")],
-        "dp_replicate=2"),
-    "tp": ("llama3-tp2-eager", [(  # the tp mesh is built, the model is not tensor-parallelised
-        "experiments/graph_trainer/llama3/parallelize.py",
-        "    if parallel_dims.tp_enabled:\n        model.parallelize(parallel_dims)",
-        f'    if parallel_dims.tp_enabled and not {IGNORED}("tp"):\n        model.parallelize(parallel_dims)')],
-        "tp=2"),
-    "ep": ("deepseek_v3-dp2-ep2-eager", [(  # the ep mesh is built; the experts stay whole, sharded as dense weights
-        "experiments/graph_trainer/deepseek_v3/parallelize.py",
-        "    if parallel_dims.tp_enabled or parallel_dims.ep_enabled:\n        model.parallelize(parallel_dims)",
-        f'    if (parallel_dims.tp_enabled or parallel_dims.ep_enabled) and not {IGNORED}("ep"):\n'
-        "        model.parallelize(parallel_dims)"), (
-        "experiments/graph_trainer/common_utils.py",
-        "    if parallel_dims.ep_enabled and isinstance(model, Decoder):\n",
-        f'    if parallel_dims.ep_enabled and isinstance(model, Decoder) and not {IGNORED}("ep"):\n')],
-        "ep=2"),
-    "pp": ("llama3-pp2-1F1B-eager", [(  # two stages run, each holds every block: the split is ignored
-        "distributed/pipeline_parallel.py",
-        "    for i, stage_ms in enumerate(module_names_per_stage):\n",
-        f'    if {IGNORED}("pp"):\n'
-        '        blocks = [m for s in module_names_per_stage for m in s if m.startswith("layers.")]\n'
-        '        module_names_per_stage = [[m for m in s if m == "tok_embeddings"] + blocks\n'
-        '                                  + [m for m in s if m != "tok_embeddings" and not m.startswith("layers.")]\n'
-        "                                  for s in module_names_per_stage]\n"
-        "    for i, stage_ms in enumerate(module_names_per_stage):\n")],
-        "pp=2"),
-    "pp_schedule": ("llama3-pp2-1F1B-eager", [(  # another schedule runs than the one asked for
-        "distributed/pipeline_parallel.py",
-        "    else:\n        schedule_class = get_schedule_class(parallelism.pipeline_parallel_schedule)",
-        f'    else:\n        schedule_class = get_schedule_class("GPipe" if {IGNORED}("pp_schedule") '
-        "else parallelism.pipeline_parallel_schedule)")],
-        "pp_schedule=1F1B"),
-    "compile": ("llama3-dp2-jit", [(  # compile.mode=jit parsed, the model left uncompiled
-        "experiments/graph_trainer/compile.py",
-        '    if mode == "jit":\n        if "model" not in compile_config.components:',
-        f'    if mode == "jit" and {IGNORED}("compile"):\n        return model\n'
-        '    if mode == "jit":\n        if "model" not in compile_config.components:')],
-        "compile=jit"),
-    "memory_policy": ("llama3-dp2-aot_fx_trace-mp_full", [(  # full asked, the default policy tags the graph
-        "experiments/graph_trainer/memory_policy.py",
-        "    memory_policy = config.compile.memory_policy\n",
-        f'    memory_policy = "default" if {IGNORED}("memory_policy") else config.compile.memory_policy\n')],
-        "memory_policy=full"),
-    "backend": ("llama3-dp2-aot_fx_trace-mp_default", [(  # no terminal inductor pass: regional never ran
-        "experiments/graph_trainer/passes.py",
-        "    inductor_compilation = compile_config.inductor_compilation\n",
-        f'    inductor_compilation = compile_config.inductor_compilation\n    if {IGNORED}("backend"):\n'
-        "        return passes\n")],
-        "compile_backend=aot_eager"),
-    "trainer": ("llama3-dp2-eager-fsdp2", [(  # the core Trainer runs, FSDP2 never wraps the model
-        "models/llama3/parallelize.py",
-        "    apply_fsdp_to_decoder(\n        model,\n        dp_mesh,",
-        f'    if {IGNORED}("trainer"):\n        return model\n    apply_fsdp_to_decoder(\n        model,\n        dp_mesh,')],
-        "trainer=fsdp2"),
+    "dp_shard": (
+        "llama3-dp2-eager",
+        [
+            (  # SimpleFSDP replicates instead of sharding: trains as DDP
+                "experiments/graph_trainer/common_utils.py",
+                '        dp_mesh_dim_names = ["fsdp"]\n        dp_mode = "fully_shard"',
+                f'        dp_mesh_dim_names = ["fsdp"]\n        dp_mode = "replicate" if {IGNORED}("dp_shard") else "fully_shard"',
+            )
+        ],
+        "dp_shard=2",
+    ),
+    "dp_replicate": (
+        "llama3-dpr2-dp2-eager",
+        [
+            (  # HSDP's replicate dimension dropped: FSDP over fsdp alone
+                "experiments/graph_trainer/common_utils.py",
+                "    if parallel_dims.dp_replicate_enabled:\n        if parallel_dims.dp_shard_enabled",
+                f'    if parallel_dims.dp_replicate_enabled and not {IGNORED}("dp_replicate"):\n'
+                "        if parallel_dims.dp_shard_enabled",
+            )
+        ],
+        "dp_replicate=2",
+    ),
+    "tp": (
+        "llama3-tp2-eager",
+        [
+            (  # the tp mesh is built, the model is not tensor-parallelised
+                "experiments/graph_trainer/llama3/parallelize.py",
+                "    if parallel_dims.tp_enabled:\n        model.parallelize(parallel_dims)",
+                f'    if parallel_dims.tp_enabled and not {IGNORED}("tp"):\n        model.parallelize(parallel_dims)',
+            )
+        ],
+        "tp=2",
+    ),
+    "ep": (
+        "deepseek_v3-dp2-ep2-eager",
+        [
+            (  # the ep mesh is built; the experts stay whole, sharded as dense weights
+                "experiments/graph_trainer/deepseek_v3/parallelize.py",
+                "    if parallel_dims.tp_enabled or parallel_dims.ep_enabled:\n        model.parallelize(parallel_dims)",
+                f'    if (parallel_dims.tp_enabled or parallel_dims.ep_enabled) and not {IGNORED}("ep"):\n'
+                "        model.parallelize(parallel_dims)",
+            ),
+            (
+                "experiments/graph_trainer/common_utils.py",
+                "    if parallel_dims.ep_enabled and isinstance(model, Decoder):\n",
+                f'    if parallel_dims.ep_enabled and isinstance(model, Decoder) and not {IGNORED}("ep"):\n',
+            ),
+        ],
+        "ep=2",
+    ),
+    "pp": (
+        "llama3-pp2-1F1B-eager",
+        [
+            (  # two stages run, each holds every block: the split is ignored
+                "distributed/pipeline_parallel.py",
+                "    for i, stage_ms in enumerate(module_names_per_stage):\n",
+                f'    if {IGNORED}("pp"):\n'
+                '        blocks = [m for s in module_names_per_stage for m in s if m.startswith("layers.")]\n'
+                '        module_names_per_stage = [[m for m in s if m == "tok_embeddings"] + blocks\n'
+                '                                  + [m for m in s if m != "tok_embeddings" and not m.startswith("layers.")]\n'
+                "                                  for s in module_names_per_stage]\n"
+                "    for i, stage_ms in enumerate(module_names_per_stage):\n",
+            )
+        ],
+        "pp=2",
+    ),
+    "pp_schedule": (
+        "llama3-pp2-1F1B-eager",
+        [
+            (  # another schedule runs than the one asked for
+                "distributed/pipeline_parallel.py",
+                "    else:\n        schedule_class = get_schedule_class(parallelism.pipeline_parallel_schedule)",
+                f'    else:\n        schedule_class = get_schedule_class("GPipe" if {IGNORED}("pp_schedule") '
+                "else parallelism.pipeline_parallel_schedule)",
+            )
+        ],
+        "pp_schedule=1F1B",
+    ),
+    "compile": (
+        "llama3-dp2-jit",
+        [
+            (  # compile.mode=jit parsed, the model left uncompiled
+                "experiments/graph_trainer/compile.py",
+                '    if mode == "jit":\n        if "model" not in compile_config.components:',
+                f'    if mode == "jit" and {IGNORED}("compile"):\n        return model\n'
+                '    if mode == "jit":\n        if "model" not in compile_config.components:',
+            )
+        ],
+        "compile=jit",
+    ),
+    "memory_policy": (
+        "llama3-dp2-aot_fx_trace-mp_full",
+        [
+            (  # full asked, the default policy tags the graph
+                "experiments/graph_trainer/memory_policy.py",
+                "    memory_policy = config.compile.memory_policy\n",
+                f'    memory_policy = "default" if {IGNORED}("memory_policy") else config.compile.memory_policy\n',
+            )
+        ],
+        "memory_policy=full",
+    ),
+    "backend": (
+        "llama3-dp2-aot_fx_trace-mp_default",
+        [
+            (  # no terminal inductor pass: regional never ran
+                "experiments/graph_trainer/passes.py",
+                "    inductor_compilation = compile_config.inductor_compilation\n",
+                f'    inductor_compilation = compile_config.inductor_compilation\n    if {IGNORED}("backend"):\n'
+                "        return passes\n",
+            )
+        ],
+        "compile_backend=aot_eager",
+    ),
+    "trainer": (
+        "llama3-dp2-eager-fsdp2",
+        [
+            (  # the core Trainer runs, FSDP2 never wraps the model
+                "models/llama3/parallelize.py",
+                "    apply_fsdp_to_decoder(\n        model,\n        dp_mesh,",
+                f'    if {IGNORED}("trainer"):\n        return model\n    apply_fsdp_to_decoder(\n        model,\n        dp_mesh,',
+            )
+        ],
+        "trainer=fsdp2",
+    ),
 }
 
 
@@ -131,8 +194,13 @@ def test_an_option_accepted_then_ignored_fails_its_axis_evidence(pytester, monke
     monkeypatch.setenv("SIMPLEFSDP_TEST_IGNORE", axis)
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess(
-        "--simplefsdp-matrix", f"{overlay / 'cpu.yaml'}::{cell_id}", "--simplefsdp-confirm=1",
-        f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / 'runs'}", timeout=900)
+        "--simplefsdp-matrix",
+        f"{overlay / 'cpu.yaml'}::{cell_id}",
+        "--simplefsdp-confirm=1",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=900,
+    )
     cell = run_doc(out)["cells"][0]
     logs = "".join(Path(p).read_text() for paths in cell["rank_logs"].values() for p in paths)
     assert f"[injected] {axis} accepted and ignored" in logs, f"inconclusive: the {axis} injection did not act"

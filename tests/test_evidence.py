@@ -2,14 +2,14 @@
 
 import json
 
-from helpers import cells_of
-
-from pytest_simplefsdp.judge.evidence import Expect, check, inductor_codegen
+from pytest_simplefsdp.judge.evidence import inductor_codegen
 from pytest_simplefsdp.shim.effects import policy_of
+
+from helpers import cells_of
 
 
 def trace_line(kind, payload=True):
-    head = f'V1201 07:46:23.328000 3627 torch/_inductor/graph.py:3138] {json.dumps({kind: {"filename": "x.py"}, "rank": 0})}'
+    head = f"V1201 07:46:23.328000 3627 torch/_inductor/graph.py:3138] {json.dumps({kind: {'filename': 'x.py'}, 'rank': 0})}"
     return head + ("\n\tdef call(args):\n\t    pass\n" if payload else "\n")
 
 
@@ -32,8 +32,10 @@ def test_a_traced_graph_without_inductor_code_contradicts_the_label(tmp_path):
     trace = write_trace(tmp_path / "torch_trace", [["artifact", "chromium_event"], ["artifact"]])
     ev = inductor_codegen(trace)
     assert not ev.ok
-    assert ev.line().startswith("backend=inductor: expected inductor output code in the compile trace of every "
-                                "rank, saw none in 2 of 2 trace files")
+    assert ev.line().startswith(
+        "backend=inductor: expected inductor output code in the compile trace of every "
+        "rank, saw none in 2 of 2 trace files"
+    )
 
 
 def test_one_rank_without_inductor_code_is_enough_to_fail(tmp_path):
@@ -60,36 +62,48 @@ def test_a_command_target_that_ignores_its_tp_flag_fails_as_invalid_config(run_m
     """The label says tp=2; the program trains, exits 0, and records a TP mesh of 1: not a pass."""
     from helpers import fake_matrix
 
-    text = fake_matrix(modes=["pass", "ignoretp"], args=', "--tp", "{tp}"').replace(
-        "  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1).replace(
-        "target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
+    text = (
+        fake_matrix(modes=["pass", "ignoretp"], args=', "--tp", "{tp}"')
+        .replace("  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1)
+        .replace("target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
+    )
     out = pytester.path / "run.json"
     result = run_matrix(text, f"--simplefsdp-json={out}")
     result.assert_outcomes(passed=1, failed=1)
     cells = cells_of(out)
     honest, liar = cells["pass-r2-2"], cells["ignoretp-r2-2"]
-    assert honest["evidence"] == [{"axis": "tp=2", "expected": "mesh.tp = 2 on every rank", "seen": "2 on ranks 0, 1",
-                                   "ok": True}]
+    assert honest["evidence"] == [
+        {"axis": "tp=2", "expected": "mesh.tp = 2 on every rank", "seen": "2 on ranks 0, 1", "ok": True}
+    ]
     assert liar["failure_class"] == "invalid_config"
-    assert liar["error_line"] == ("the run does not show its label: tp=2: expected mesh.tp = 2 on every rank, "
-                                  "saw 1 on ranks 0, 1")
+    assert liar["error_line"] == (
+        "the run does not show its label: tp=2: expected mesh.tp = 2 on every rank, saw 1 on ranks 0, 1"
+    )
     assert sorted(liar["losses"]) == ["1", "2", "3"]  # it trained: only the evidence tells
     # the footnotes sum the evidence up and show the cell that failed it; -v lists every cell
-    result.stdout.fnmatch_lines(["evidence: 2 cells checked against their labels (1 of 2 checks hold)",
-                                 "    (-v lists them per cell)",
-                                 "evidence (the run shows its label: checks that hold / checks, labels checked):",
-                                 "    ignoretp-r2-2: 0/1 (tp=2)"])
+    result.stdout.fnmatch_lines(
+        [
+            "evidence: 2 cells checked against their labels (1 of 2 checks hold)",
+            "    (-v lists them per cell)",
+            "evidence (the run shows its label: checks that hold / checks, labels checked):",
+            "    ignoretp-r2-2: 0/1 (tp=2)",
+        ]
+    )
     assert "pass-r2-2: 1/1" not in result.stdout.str()
     verbose = run_matrix(text, "-v")
-    verbose.stdout.fnmatch_lines(["evidence (the run shows its label*", "    pass-r2-2: 1/1 (tp=2)",
-                                  "    ignoretp-r2-2: 0/1 (tp=2)"])
+    verbose.stdout.fnmatch_lines(
+        ["evidence (the run shows its label*", "    pass-r2-2: 1/1 (tp=2)", "    ignoretp-r2-2: 0/1 (tp=2)"]
+    )
 
 
 def test_the_dry_run_says_what_will_be_checked(run_matrix):
     from helpers import fake_matrix
 
-    text = fake_matrix(args=', "--tp", "{tp}"').replace("  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1).replace(
-        "target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
+    text = (
+        fake_matrix(args=', "--tp", "{tp}"')
+        .replace("  ranks: [2]\n", "  ranks: [2]\n  tp: [2]\n", 1)
+        .replace("target:\n", "target:\n  evidence: {tp: mesh.tp}\n", 1)
+    )
     result = run_matrix(text, "--simplefsdp-dry-run", "-v")
     result.stdout.fnmatch_lines(["*pass-r2-2*", "*", "  evidence: tp=2 <- mesh.tp"])
 
@@ -100,8 +114,12 @@ def test_bad_evidence_keys_are_usage_errors_naming_the_file(run_matrix, pytester
     text = fake_matrix().replace("target:\n", "target:\n  evidence: {nope: mesh.tp}\n", 1)
     result = run_matrix(text)
     assert result.ret == 4
-    result.stderr.fnmatch_lines(["*fake.yaml:2: target.evidence must map axes (mode, ranks) to probe keys "
-                                 "'<section>.<name>', got {'nope': 'mesh.tp'}*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*fake.yaml:2: target.evidence must map axes (mode, ranks) to probe keys "
+            "'<section>.<name>', got {'nope': 'mesh.tp'}*"
+        ]
+    )
 
 
 def test_a_memory_policy_is_read_from_the_tags_it_wrote():

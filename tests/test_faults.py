@@ -11,14 +11,15 @@ import time
 import psutil
 import pytest
 
-from helpers import DATA, FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours, run_doc
+from pytest_simplefsdp.judge.results import build_result
 from pytest_simplefsdp.launch import procs as launch
 from pytest_simplefsdp.launch.procs import MARKER, kill_procs, session_leftovers
 from pytest_simplefsdp.launch.spec import LaunchOutcome, LaunchSpec
 from pytest_simplefsdp.launch.torchrun import TorchrunLauncher, read_root_cause
-from pytest_simplefsdp.judge.results import build_result
 from pytest_simplefsdp.spec.cells import Cell
 from pytest_simplefsdp.targets import RankCommand
+
+from helpers import DATA, FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours, run_doc
 
 
 @pytest.mark.parametrize("launcher", ["local", "torchrun"])
@@ -27,9 +28,13 @@ def test_output_flood_is_capped(run_matrix, pytester, launcher):
     out = pytester.path / "run.json"
     result = run_matrix(text, "--simplefsdp-log-limit=8", f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*flood-r2: [[]runtime[]] log output passed the limit of 8 MB; the cell was "
-                                 "stopped and its logs were cut (ranks that wrote past it: 1)*",
-                                 "  first failing rank: 1*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*flood-r2: [[]runtime[]] log output passed the limit of 8 MB; the cell was "
+            "stopped and its logs were cut (ranks that wrote past it: 1)*",
+            "  first failing rank: 1*",
+        ]
+    )
     assert run_doc(out)["cells"][0]["failing_rank"] == 1
     logs = list((pytester.path / "runs" / "fake" / "flood-r2").rglob("*.log"))
     assert sum(p.stat().st_size for p in logs) < 16 * 2**20
@@ -72,10 +77,22 @@ def test_ctrl_c_stops_the_cell_and_keeps_finished_results(pytester, sig):
     """SIGTERM to pytest acts as Ctrl-C does: the running cell is killed, the partial table is printed."""
     path = pytester.path / "fake.yaml"
     path.write_text(fake_matrix(modes=["pass", "hang"], timeout=600))
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
-                             "--simplefsdp-launcher=local", f"--simplefsdp-artifacts={pytester.path / 'runs'}"],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=interruptible)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--simplefsdp-matrix",
+            f"--simplefsdp-matrix-file={path}",
+            "--simplefsdp-launcher=local",
+            f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=interruptible,
+    )
     try:
         logs = [pytester.path / "runs" / "fake" / "hang-r2" / f"rank{r}.log" for r in (0, 1)]
         deadline = time.monotonic() + 60
@@ -98,9 +115,20 @@ def test_sigkill_of_pytest_keeps_finished_results_and_orphans_die(pytester, laun
     path = pytester.path / "fake.yaml"
     path.write_text(fake_matrix(modes=["pass", "hang"], timeout=600))
     runs = pytester.path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
-                             f"--simplefsdp-launcher={launcher}", f"--simplefsdp-artifacts={runs}"],
-                            cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--simplefsdp-matrix",
+            f"--simplefsdp-matrix-file={path}",
+            f"--simplefsdp-launcher={launcher}",
+            f"--simplefsdp-artifacts={runs}",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while len(marked("hang-r2")) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -110,8 +138,12 @@ def test_sigkill_of_pytest_keeps_finished_results_and_orphans_die(pytester, laun
     while marked("hang-r2") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not marked("hang-r2")  # ranks die with their runner
-    rendered = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(runs / "results.jsonl")],
-                              capture_output=True, text=True, check=True).stdout
+    rendered = subprocess.run(
+        [sys.executable, "-m", "pytest_simplefsdp.report", str(runs / "results.jsonl")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "1 of 2 valid cells run (1 passed)" in rendered and "pass      pass" in rendered
 
 
@@ -138,7 +170,8 @@ def test_the_first_failure_is_the_cause_when_a_peer_ignores_sigterm(run_matrix, 
     text = fake_matrix(modes=["failignore"], ranks=[3], args=', "--rank", "2"', timeout=120)
     if launcher == "fork":  # the fork server runs `python -m module` programs
         text = text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
-            "target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
+            "target:\n", 'target:\n  env: {PYTHONPATH: "%s"}\n' % FAKE_RANK.parent
+        )
     out = pytester.path / "run.json"
     result = run_matrix(text, f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
@@ -154,20 +187,24 @@ def test_a_hang_says_which_ranks_left_no_stack(run_matrix, pytester, launcher, r
     """Rank 1 ignores SIGUSR1: its log has no stack, and the report says so instead of claiming every rank's."""
     launcher_ready(request, launcher)
     out = pytester.path / "run.json"
-    text = fake_matrix(modes=["usr1ignore"], ranks=[2], args=', "--rank", "1"', timeout=5 if launcher == "local" else 30)
+    text = fake_matrix(
+        modes=["usr1ignore"], ranks=[2], args=', "--rank", "1"', timeout=5 if launcher == "local" else 30
+    )
     result = run_matrix(as_module(text) if launcher == "fork" else text, f"--simplefsdp-json={out}", launcher=launcher)
     result.assert_outcomes(failed=1)
     cell = run_doc(out)["cells"][0]
     assert cell["failure_class"] == "hang" and cell["stuck_ranks"] == [0, 1]
     assert "Python stacks (SIGUSR1, faulthandler) are in the logs of ranks [0]; ranks [1] left none" in " ".join(
-        cell["details"])
+        cell["details"]
+    )
     assert not marked("usr1ignore-r2")
 
 
 def as_module(text):
     """The fake rank as `python -m fake_rank` (what the fork server runs)."""
     return text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
-        "target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
+        "target:\n", 'target:\n  env: {PYTHONPATH: "%s"}\n' % FAKE_RANK.parent
+    )
 
 
 def sleepers(seconds="97"):
@@ -191,11 +228,13 @@ def test_a_daemon_that_sheds_group_and_environment_is_found_and_killed(run_matri
     text = fake_matrix(modes=["daemon"])
     if launcher == "fork":
         text = text.replace(f'"{{python}}", "{FAKE_RANK}"', '"{python}", "-m", "fake_rank"').replace(
-            "target:\n", "target:\n  env: {PYTHONPATH: \"%s\"}\n" % FAKE_RANK.parent)
+            "target:\n", 'target:\n  env: {PYTHONPATH: "%s"}\n' % FAKE_RANK.parent
+        )
     result = run_matrix(text, launcher=launcher)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*daemon-r2: [[]infra[]] 1 process(es) outlived their rank and were killed: "
-                                 "pid * (sleep 97)*"])
+    result.stdout.fnmatch_lines(
+        ["*daemon-r2: [[]infra[]] 1 process(es) outlived their rank and were killed: pid * (sleep 97)*"]
+    )
     assert not sleepers() and not marked("daemon-r2")
 
 
@@ -207,10 +246,15 @@ def _zombie(proc):
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("left, first", [({1: (10.0, None), 0: (11.2, None)}, 1),  # seen: rank 1 left first
-                                         ({}, 0),  # not seen (torchrun ended first): torchrun's word
-                                         ({1: (10.0, None), 0: (10.0, None)}, 0)],  # one poll: torchrun's word
-                         ids=["rank-1-seen-first", "unseen", "same-poll"])
+@pytest.mark.parametrize(
+    "left, first",
+    [
+        ({1: (10.0, None), 0: (11.2, None)}, 1),  # seen: rank 1 left first
+        ({}, 0),  # not seen (torchrun ended first): torchrun's word
+        ({1: (10.0, None), 0: (10.0, None)}, 0),
+    ],  # one poll: torchrun's word
+    ids=["rank-1-seen-first", "unseen", "same-poll"],
+)
 def test_torchrun_naming_a_peer_first_yields_to_the_rank_seen_leaving_first(tmp_path, left, first):
     """A real torchrun summary (tests/data): rank 1 killed, rank 0's 'connection closed' error file stamped before
     torchrun saw rank 1 gone, so torchrun named rank 0. Every failed rank keeps its code; the first failure is the
@@ -236,8 +280,11 @@ def test_a_sweep_never_takes_the_exit_code_of_another_cells_rank():
 def test_a_killed_rank_keeps_its_signal_as_exit_code():
     """kill_procs on a launcher's own child waits through its Popen: a rank stopped at the timeout
     reads -SIGTERM in the report, not the 0 a reaped child reads."""
-    rank = launch.spawn([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
-                        start_new_session=True, stdout=subprocess.PIPE)
+    rank = launch.spawn(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
     assert rank.stdout.readline() == b"up\n"  # it runs its sleep: the kill hits the running rank
     kill_procs([psutil.Process(rank.pid)], grace=5)
     assert rank.returncode == -signal.SIGTERM
@@ -264,10 +311,12 @@ def test_a_timed_out_test_leaves_no_pytest_of_its_own_running(pytester, monkeypa
     pidfile = tmp_path / "inner.pid"
     pytester.makepyfile(test_outer=LEFT_BEHIND)
     monkeypatch.setenv("PIDFILE", str(pidfile))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(__file__),
-                                                                             os.environ.get("PYTHONPATH")])))
-    result = pytester.runpytest_subprocess("-p", "pytester", "-p", plugin, "--timeout=15", "-p", "no:cacheprovider",
-                                           timeout=120)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "pytester", "-p", plugin, "--timeout=15", "-p", "no:cacheprovider", timeout=120
+    )
     result.assert_outcomes(failed=1)
     assert "Timeout" in result.stdout.str()
     try:
@@ -291,6 +340,9 @@ def test_a_rank_killed_by_a_signal_once_runs_again_before_it_is_called_new(run_m
     text = fake_matrix(modes=["segvonce", "segv"], args=f', "--flag", "{flag}"')
     result = run_matrix(text, "--simplefsdp-confirm=2")  # (the default; run_matrix passes 1 unless told)
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["*segvonce-r2: [[]crash[]] rank 1 killed by SIGSEGV*",
-                                 "  flaky, new: passed 1 of 2 runs*"])
-    result.stdout.fnmatch_lines(["*segv-r2: [[]crash[]] rank 1 killed by SIGSEGV*", "  new: failed in every one of 2 runs"])
+    result.stdout.fnmatch_lines(
+        ["*segvonce-r2: [[]crash[]] rank 1 killed by SIGSEGV*", "  flaky, new: passed 1 of 2 runs*"]
+    )
+    result.stdout.fnmatch_lines(
+        ["*segv-r2: [[]crash[]] rank 1 killed by SIGSEGV*", "  new: failed in every one of 2 runs"]
+    )

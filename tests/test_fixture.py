@@ -4,7 +4,7 @@ import json
 
 from helpers import fake_matrix
 
-TESTS = '''
+TESTS = """
 import pytest
 
 @pytest.mark.simplefsdp_cell("pass-r2", matrix="fake.yaml")
@@ -27,12 +27,13 @@ def test_an_unknown_cell(simplefsdp_cell):
 
 def test_an_ordinary_test_beside_them():
     pass
-'''
+"""
 
 
 def test_ordinary_tests_run_cells_through_the_fixture(pytester):
-    (pytester.path / "fake.yaml").write_text(fake_matrix(modes=["pass", "fail"]).replace(
-        "target:\n", "target:\n  mutants: [loss_shift]\n"))
+    (pytester.path / "fake.yaml").write_text(
+        fake_matrix(modes=["pass", "fail"]).replace("target:\n", "target:\n  mutants: [loss_shift]\n")
+    )
     pytester.makepyfile(test_cells=TESTS)
     runs = pytester.path / "runs"
     result = pytester.runpytest_subprocess("-v", "--simplefsdp-launcher=local", f"--simplefsdp-artifacts={runs}")

@@ -39,11 +39,13 @@ def titan_repo(tmp_path, monkeypatch):
 
 def pr_matrix(pr_says, modes):
     text = fake_matrix(modes=modes, args=', "--torchtitan-says"')
-    return text.replace("target:\n", f"target:\n  env: {{FAKE_TORCHTITAN_SAYS: \"{pr_says}\"}}\n")
+    return text.replace("target:\n", f'target:\n  env: {{FAKE_TORCHTITAN_SAYS: "{pr_says}"}}\n')
 
 
-KNOWN = ("- id: known-one\n  when: {mode: known}\n  error: 'fake failure'\n  kind: xfail\n"
-         "  link: https://github.com/pytorch/torchtitan/issues/1\n  reason: a known bug\n")
+KNOWN = (
+    "- id: known-one\n  when: {mode: known}\n  error: 'fake failure'\n  kind: xfail\n"
+    "  link: https://github.com/pytorch/torchtitan/issues/1\n  reason: a known bug\n"
+)
 
 
 def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run_matrix, pytester, titan_repo):
@@ -53,14 +55,27 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     kf = pytester.path / "kf.yaml"
     kf.write_text(KNOWN)
     out, md = pytester.path / "run.json", pytester.path / "status.md"
-    result = run_matrix(pr_matrix(says, ["pass", "fail", "trunk", "differs", "flaky", "known"]), "--simplefsdp-base",
-                        f"--simplefsdp-torchtitan-repo={repo}", "--simplefsdp-confirm=2", f"--simplefsdp-json={out}",
-                        f"--simplefsdp-known-failures={kf}", f"--simplefsdp-status-md={md}", "-rA")
+    result = run_matrix(
+        pr_matrix(says, ["pass", "fail", "trunk", "differs", "flaky", "known"]),
+        "--simplefsdp-base",
+        f"--simplefsdp-torchtitan-repo={repo}",
+        "--simplefsdp-confirm=2",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-known-failures={kf}",
+        f"--simplefsdp-status-md={md}",
+        "-rA",
+    )
     result.assert_outcomes(passed=1, failed=2, xfailed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     cells = cells_of(out)
     assert {c["id"].split("-r2")[0]: c.get("gate") for c in cells.values()} == {
-        "pass": None, "fail": "new", "trunk": "broken trunk", "differs": "new", "flaky": "flaky", "known": "known"}
+        "pass": None,
+        "fail": "new",
+        "trunk": "broken trunk",
+        "differs": "new",
+        "flaky": "flaky",
+        "known": "known",
+    }
     assert cells["fail-r2"]["base"]["passed"] == 2 and cells["fail-r2"]["base"]["commit"] == base
     assert cells["trunk-r2"]["base"]["signatures"] == [cells["trunk-r2"]["signature"]]
     assert cells["differs-r2"]["base"]["signatures"] == ["ValueError: another fake error on the base"]
@@ -68,11 +83,15 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     assert "base" not in cells["pass-r2"] or cells["pass-r2"]["base"] is None  # passing cells are not rerun
     ref = f"merge-base(HEAD, main) ({base})"
     result.stdout.fnmatch_lines([f"simplefsdp: PR gate: each failure runs again on base {ref} of {repo}*"])
-    result.stdout.fnmatch_lines([f"*simplefsdp PR gate against base {ref}: 2 new, 1 broken trunk, 1 flaky, 1 known*",
-                                 "*fake::differs-r2*new*RuntimeError: fake failure on purpose*failed 2 of 2: "
-                                 "ValueError: another fake error on the base*",
-                                 "*fake::fail-r2*new*passed 2 of 2*",
-                                 "*fake::trunk-r2*broken trunk*failed 2 of 2: RuntimeError: fake failure*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"*simplefsdp PR gate against base {ref}: 2 new, 1 broken trunk, 1 flaky, 1 known*",
+            "*fake::differs-r2*new*RuntimeError: fake failure on purpose*failed 2 of 2: "
+            "ValueError: another fake error on the base*",
+            "*fake::fail-r2*new*passed 2 of 2*",
+            "*fake::trunk-r2*broken trunk*failed 2 of 2: RuntimeError: fake failure*",
+        ]
+    )
     result.stdout.fnmatch_lines([f"XFAIL*trunk-r2*broken trunk: fails on base {ref} too, with the same signature*"])
     doc = json.loads(out.read_text())
     assert doc["gate"]["counts"] == {"new": 2, "broken trunk": 1, "flaky": 1, "known": 1}
@@ -86,8 +105,9 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     # the report tool's document of the stored run is the live run's: every cell's decision and the gate's block
     tool = json.loads(report_tool(str(out), "--format", "json", cwd=pytester.path).stdout)
     keys = ("status", "verdict", "flaky", "gate", "known_failure", "signature")
-    assert [{k: c.get(k) for k in keys} for c in tool["runs"][0]["cells"]] == \
-           [{k: c.get(k) for k in keys} for c in doc["runs"][0]["cells"]]
+    assert [{k: c.get(k) for k in keys} for c in tool["runs"][0]["cells"]] == [
+        {k: c.get(k) for k in keys} for c in doc["runs"][0]["cells"]
+    ]
     assert tool["gate"] == doc["gate"]
     kf_now = pytester.path / "kf-now.yaml"  # judged against a file that knows `fail` too: its block says so
     kf_now.write_text(KNOWN + KNOWN.replace("known-one", "known-two").replace("{mode: known}", "{mode: fail}"))
@@ -95,8 +115,12 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     assert now["gate"]["counts"] == {"new": 1, "broken trunk": 1, "flaky": 1, "known": 2}, now["gate"]["counts"]
     envs = list((pytester.path / ".simplefsdp" / "envs").glob(f"torchtitan-{base}-*"))
     assert len(envs) == 1  # one environment for the base, kept by its content key
-    again = run_matrix(pr_matrix(says, ["trunk", "known"]), f"--simplefsdp-base={base}",
-                       f"--simplefsdp-torchtitan-repo={repo}", f"--simplefsdp-known-failures={kf}")
+    again = run_matrix(
+        pr_matrix(says, ["trunk", "known"]),
+        f"--simplefsdp-base={base}",
+        f"--simplefsdp-torchtitan-repo={repo}",
+        f"--simplefsdp-known-failures={kf}",
+    )
     again.assert_outcomes(xfailed=2)  # nothing new: the gate passes
     assert again.ret == pytest.ExitCode.OK
     assert list((pytester.path / ".simplefsdp" / "envs").glob(f"torchtitan-{base}-*")) == envs  # kept, not rebuilt
@@ -113,8 +137,9 @@ numerics:
 """
 
 
-def test_a_pr_that_moves_every_layout_alike_is_reported_as_numerics_changed_vs_the_base(run_matrix, pytester,
-                                                                                        titan_repo):
+def test_a_pr_that_moves_every_layout_alike_is_reported_as_numerics_changed_vs_the_base(
+    run_matrix, pytester, titan_repo
+):
     """The PR shifts the losses of every cell alike (`pass shift`: its baseline is itself, so a cell-vs-baseline check
     sees nothing): the passing smoke cell, run once more on the base, shows the change and its size. ``report`` (the
     default) passes the gate and says so; ``fail`` fails it as new; ``off`` runs nothing on the base; a PR that
@@ -131,9 +156,13 @@ def test_a_pr_that_moves_every_layout_alike_is_reported_as_numerics_changed_vs_t
     assert cell["base_numerics"]["changed"] is True and cell["base_numerics"]["beyond"] is True
     assert cell["base_numerics"]["size"]["loss"] == pytest.approx(3e-4, rel=1e-3)  # step 3: 10/3 + 1e-3
     assert cell["base_numerics"]["commit"] == base and "/base-numerics-" in cell["base_numerics"]["folder"]
-    reported.stdout.fnmatch_lines(["numerics vs the base: 1 of 1 passing smoke cell(s) compared changed",
-                                   f"  fake::pass-r2: numerics changed vs the base *{base}*: largest relative change "
-                                   "loss 3.00e-04; beyond the cell's tolerance (lane exact)"])
+    reported.stdout.fnmatch_lines(
+        [
+            "numerics vs the base: 1 of 1 passing smoke cell(s) compared changed",
+            f"  fake::pass-r2: numerics changed vs the base *{base}*: largest relative change "
+            "loss 3.00e-04; beyond the cell's tolerance (lane exact)",
+        ]
+    )
     assert "**numerics vs the base: 1 of 1" in md.read_text()
     assert json.loads(out.read_text())["gate"]["numerics"]["compared"] == 1
     failed = run_matrix(text, *common, "--simplefsdp-base-numerics=fail")
@@ -148,8 +177,9 @@ def test_a_pr_that_moves_every_layout_alike_is_reported_as_numerics_changed_vs_t
     same = run_matrix(text, *common)
     same.assert_outcomes(passed=1)
     assert cells_of(out)["pass-r2"]["base_numerics"]["changed"] is False
-    same.stdout.fnmatch_lines(["numerics vs the base: 0 of 1 passing smoke cell(s) compared changed (bit for bit the "
-                               "same)"])
+    same.stdout.fnmatch_lines(
+        ["numerics vs the base: 0 of 1 passing smoke cell(s) compared changed (bit for bit the same)"]
+    )
     bad = run_matrix(text, *common, "--simplefsdp-base-numerics=always")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--simplefsdp-base-numerics: unknown value 'always'; known: report, fail, off*"])
@@ -159,8 +189,9 @@ def test_a_bad_base_is_a_usage_error_before_any_cell(run_matrix, pytester, titan
     repo, _ = titan_repo
     says = pytester.path / "pr-says.txt"
     says.write_text("fail\n")
-    result = run_matrix(pr_matrix(says, ["fail"]), "--simplefsdp-base=no-such-ref",
-                        f"--simplefsdp-torchtitan-repo={repo}")
+    result = run_matrix(
+        pr_matrix(says, ["fail"]), "--simplefsdp-base=no-such-ref", f"--simplefsdp-torchtitan-repo={repo}"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--simplefsdp-base=no-such-ref: git rev-parse*no-such-ref*"])
     assert not (pytester.path / "runs").exists()
@@ -211,16 +242,21 @@ def test_a_torchtitan_commit_bisection_finds_the_commit_on_a_fake_checkout(run_m
     """--simplefsdp-bisect=torchtitan over GOOD..BAD commits of a checkout: an environment per probed commit, built by
     uv from the checkout; the regression planted two commits after the PR's is found to its commit."""
     repo, base = titan_repo
-    subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", "git@github.com:pytorch/torchtitan.git"],
-                   check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "remote", "add", "origin", "git@github.com:pytorch/torchtitan.git"], check=True
+    )
     harmless = commit(repo, "", "harmless")
     planted = commit(repo, "regress\n", "the regression")
     head = commit(repo, "regress\n", "after it")
     out = pytester.path / "run.json"
-    result = run_matrix(pr_matrix(pytester.path / "nothing-said.txt", ["regress"]),
-                        f"--simplefsdp-versions=torchtitan@{head}", f"--simplefsdp-torchtitan-repo={repo}",
-                        "--simplefsdp-bisect=torchtitan", f"--simplefsdp-bisect-versions={base}..{head}",
-                        f"--simplefsdp-json={out}")
+    result = run_matrix(
+        pr_matrix(pytester.path / "nothing-said.txt", ["regress"]),
+        f"--simplefsdp-versions=torchtitan@{head}",
+        f"--simplefsdp-torchtitan-repo={repo}",
+        "--simplefsdp-bisect=torchtitan",
+        f"--simplefsdp-bisect-versions={base}..{head}",
+        f"--simplefsdp-json={out}",
+    )
     result.assert_outcomes(failed=1)
     (found,) = json.loads(out.read_text())["bisections"]
     assert found["window"][1] == f"@{planted}", found
@@ -280,8 +316,12 @@ def test_a_pr_gated_from_inside_its_checkout_runs_the_base_on_the_bases_code(run
 def test_a_twin_run_from_inside_the_checkout_runs_the_other_side_on_its_commit(run_matrix, pytester, checkout_here):
     base = checkout_here
     out = pytester.path / "run.json"
-    run_matrix(here_matrix(["ep"]), f"--simplefsdp-twin=torchtitan@{base}", f"--simplefsdp-json={out}",
-               f"--simplefsdp-torchtitan-repo={pytester.path}")  # (the bisection's test takes the default: the rootdir)
+    run_matrix(
+        here_matrix(["ep"]),
+        f"--simplefsdp-twin=torchtitan@{base}",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-torchtitan-repo={pytester.path}",
+    )  # (the bisection's test takes the default: the rootdir)
     cells = cells_of(out)
     assert cells["ep-r2"]["error_line"] == "RuntimeError: fake failure on purpose"  # the checkout: the PR
     twin = cells[f"ep-r2-torchtitan-{base}"]
@@ -300,8 +340,13 @@ def test_a_bisection_from_inside_the_checkout_probes_each_commit(run_matrix, pyt
     head = commit(repo, "ep other\n", "after it")
     subprocess.run([*GIT, "-C", str(repo), "checkout", "-q", "pr"], check=True)
     out = repo / "run.json"
-    result = run_matrix(here_matrix(["ep"]), f"--simplefsdp-versions=torchtitan@{head}", "--simplefsdp-bisect=torchtitan",
-                        f"--simplefsdp-bisect-versions={start}..{head}", f"--simplefsdp-json={out}")
+    result = run_matrix(
+        here_matrix(["ep"]),
+        f"--simplefsdp-versions=torchtitan@{head}",
+        "--simplefsdp-bisect=torchtitan",
+        f"--simplefsdp-bisect-versions={start}..{head}",
+        f"--simplefsdp-json={out}",
+    )
     result.assert_outcomes(failed=1)
     (found,) = json.loads(out.read_text())["bisections"]
     assert found["window"][1] == f"@{planted}", found
@@ -320,7 +365,10 @@ def test_a_version_set_whose_ranks_imported_other_code_is_infra_naming_both(run_
     cell = cells_of(out)["ep-r2"]
     assert cell["gate"] == "new" and cell["base"]["runs"] == 0, cell["base"]
     (why,) = cell["base"]["not_run"]
-    pr = subprocess.run(["git", "-C", str(pytester.path), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                        text=True).stdout.strip()
-    assert why.startswith(f"the ranks did not run version set torchtitan@{base}: rank 0 imported torchtitan (no "
-                          f"version) @{pr} from {pytester.path}/torchtitan, not its environment "), why
+    pr = subprocess.run(
+        ["git", "-C", str(pytester.path), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert why.startswith(
+        f"the ranks did not run version set torchtitan@{base}: rank 0 imported torchtitan (no "
+        f"version) @{pr} from {pytester.path}/torchtitan, not its environment "
+    ), why

@@ -6,13 +6,20 @@ import json
 import subprocess
 import sys
 
-from helpers import fake_matrix, run_doc
 from pytest_simplefsdp.store.history import History
+
+from helpers import fake_matrix, run_doc
 
 
 def cell(status, error=None, versions=None, cell_id="c"):
-    return {"id": cell_id, "status": status, "failure_class": "runtime" if error else None,
-            "signature": error, "versions": versions or {"torch": "2.14.1", "torchtitan": "0.3.0"}, "log_dir": ""}
+    return {
+        "id": cell_id,
+        "status": status,
+        "failure_class": "runtime" if error else None,
+        "signature": error,
+        "versions": versions or {"torch": "2.14.1", "torchtitan": "0.3.0"},
+        "log_dir": "",
+    }
 
 
 def test_rows_are_kept_per_profile_cell_and_versions_newest_first(tmp_path):
@@ -21,17 +28,23 @@ def test_rows_are_kept_per_profile_cell_and_versions_newest_first(tmp_path):
     assert not (tmp_path / "h.sqlite").exists()
     h.append("runs/1", "2026-12-01T00:00:00", "cpu", cell("failed", "RuntimeError: boom"))
     h.append("runs/2", "2026-12-02T00:00:00", "cpu", cell("passed"))
-    h.append("runs/3", "2026-12-03T00:00:00", "cpu", cell("passed", versions={"torch": "2.15.0", "torchtitan": "0.3.0"}))
+    h.append(
+        "runs/3", "2026-12-03T00:00:00", "cpu", cell("passed", versions={"torch": "2.15.0", "torchtitan": "0.3.0"})
+    )
     h.append("runs/3", "2026-12-03T00:00:00", "gpu", cell("failed", "RuntimeError: boom"))
     h.close()
     got = History(tmp_path / "h.sqlite").of("cpu", "c", {"python": "3.11", "torch": "2.14.1", "torchtitan": "0.3.0"})
-    assert [(r["run"], r["status"], r["signature"]) for r in got] == [("runs/2", "passed", None),
-                                                                      ("runs/1", "failed", "RuntimeError: boom")]
-    assert len(History(tmp_path / "h.sqlite").of("cpu", "c", {"torch": "2.14.1", "torchtitan": "0.3.0"},
-                                                 limit=1)) == 1
+    assert [(r["run"], r["status"], r["signature"]) for r in got] == [
+        ("runs/2", "passed", None),
+        ("runs/1", "failed", "RuntimeError: boom"),
+    ]
+    assert len(History(tmp_path / "h.sqlite").of("cpu", "c", {"torch": "2.14.1", "torchtitan": "0.3.0"}, limit=1)) == 1
     streaks = History(tmp_path / "h.sqlite").streaks()
-    assert [(p, v["torch"], len(r)) for p, c, v, r in streaks] == [("cpu", "2.14.1", 2), ("cpu", "2.15.0", 1),
-                                                                   ("gpu", "2.14.1", 1)]
+    assert [(p, v["torch"], len(r)) for p, c, v, r in streaks] == [
+        ("cpu", "2.14.1", 2),
+        ("cpu", "2.15.0", 1),
+        ("gpu", "2.14.1", 1),
+    ]
 
 
 def test_a_cell_that_failed_before_and_passed_since_fails_as_flaky_not_new(run_matrix, pytester, monkeypatch):
@@ -53,18 +66,30 @@ def test_a_cell_that_failed_before_and_passed_since_fails_as_flaky_not_new(run_m
     result.assert_outcomes(failed=1)  # flaky, new: still not green, as a flaky cell its own reruns found
     again = run_doc(out)["cells"][0]
     assert again["flaky"] is True
-    assert again["verdict"].startswith("flaky, new: failed the same way in run ") and \
-        "passed 1 of its last 2 runs (history " in again["verdict"]
+    assert (
+        again["verdict"].startswith("flaky, new: failed the same way in run ")
+        and "passed 1 of its last 2 runs (history " in again["verdict"]
+    )
     assert [r["status"] for r in again["history"]["runs"]] == ["passed", "failed"]
     store = pytester.path / ".simplefsdp" / "history.sqlite"
-    report = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(store), "--format", "history"],
-                            capture_output=True, text=True, check=True).stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "pytest_simplefsdp.report", str(store), "--format", "history"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "history: 1 cells (per profile and versions), their last 10 runs at most; 1 both passed and failed" in report
     line = next(x for x in report.splitlines() if "pass-r2" in x)
     assert "1/3" in line and "1 failed" in line and "[runtime]" in line
     # the stored run judged again by the report tool keeps the history it was judged with
-    rejudged = json.loads(subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(out), "--format",
-                                          "json"], capture_output=True, text=True, check=True).stdout)
+    rejudged = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "pytest_simplefsdp.report", str(out), "--format", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert rejudged["runs"][0]["cells"][0]["verdict"] == again["verdict"]
 
 
@@ -76,14 +101,18 @@ def test_collecting_or_history_off_writes_no_store(run_matrix, pytester):
     elsewhere = pytester.path / "h" / "mine.sqlite"
     run_matrix(fake_matrix(modes=["pass"]), f"--simplefsdp-history={elsewhere}").assert_outcomes(passed=1)
     assert [(p, c, [r["status"] for r in rows]) for p, c, _, rows in History(elsewhere).streaks()] == [
-        ("fake", "pass-r2", ["passed"])]
+        ("fake", "pass-r2", ["passed"])
+    ]
 
 
 def test_the_report_tool_refuses_a_file_that_is_not_a_history_store(tmp_path):
     bad = tmp_path / "run.json"
     bad.write_text("{}")
-    done = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report", str(bad), "--format", "history"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_simplefsdp.report", str(bad), "--format", "history"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1 and f"{bad}: not a history store" in done.stderr
 
 
@@ -94,8 +123,11 @@ def test_an_unreadable_store_warns_and_judges_without_history(run_matrix, pytest
     monkeypatch.setenv("FAKE_TORCHTITAN_SAYS", str(says))
     says.write_text("pass fail\n")
     store.write_bytes(b"not a database, " * 256)
-    result = run_matrix(fake_matrix(modes=["pass"], args=', "--torchtitan-says"'), f"--simplefsdp-json={out}",
-                        f"--simplefsdp-history={store}")
+    result = run_matrix(
+        fake_matrix(modes=["pass"], args=', "--torchtitan-says"'),
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-history={store}",
+    )
     result.assert_outcomes(failed=1)
     rec = run_doc(out)["cells"][0]
     assert (rec["status"], rec["flaky"], rec["history"]) == ("failed", False, None)

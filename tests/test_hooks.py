@@ -79,12 +79,22 @@ def test_a_conftest_adds_a_target_a_launcher_and_sees_every_result(pytester):
     pytester.makeconftest(CONFTEST)
     (pytester.path / "hooks.yaml").write_text(MATRIX)
     out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=hooks.yaml",
-                                           "--simplefsdp-launcher=counting", f"--simplefsdp-json={out}", "-v")
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-matrix-file=hooks.yaml",
+        "--simplefsdp-launcher=counting",
+        f"--simplefsdp-json={out}",
+        "-v",
+    )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*target=echo * flags=the conftest's own launcher=counting*",
-                                 "*hooks.yaml::pass PASSED*", "*hooks.yaml::nan FAILED*",
-                                 "*2 of 2 valid cells run*; 1 combination n/a*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*target=echo * flags=the conftest's own launcher=counting*",
+            "*hooks.yaml::pass PASSED*",
+            "*hooks.yaml::nan FAILED*",
+            "*2 of 2 valid cells run*; 1 combination n/a*",
+        ]
+    )
     # a new failure is run once more before it counts (--simplefsdp-confirm=2, the default): one record still
     assert (pytester.path / "launched.txt").read_text() == "pass nan nan/confirm2"
     assert (pytester.path / "records.txt").read_text().splitlines() == ["cell pass passed", "cell nan failed"]
@@ -96,11 +106,19 @@ def test_a_conftest_adds_a_target_a_launcher_and_sees_every_result(pytester):
 def test_without_an_implementation_the_names_stay_unknown(pytester):
     (pytester.path / "hooks.yaml").write_text(MATRIX)
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=hooks.yaml")
-    result.stderr.fnmatch_lines(["*hooks.yaml:2: unknown target 'echo'; built in: titan03, titan02, or "
-                                 "{command: [[]...[]]} (plugins add more: pytest_simplefsdp_make_target)*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*hooks.yaml:2: unknown target 'echo'; built in: titan03, titan02, or "
+            "{command: [[]...[]]} (plugins add more: pytest_simplefsdp_make_target)*"
+        ]
+    )
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-launcher=counting")
-    result.stderr.fnmatch_lines(["*unknown launcher 'counting'; built in: auto, torchrun, local, fork, slurm "
-                                 "(plugins add more: pytest_simplefsdp_make_launcher)*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*unknown launcher 'counting'; built in: auto, torchrun, local, fork, slurm "
+            "(plugins add more: pytest_simplefsdp_make_launcher)*"
+        ]
+    )
 
 
 def test_the_slurm_launcher_is_a_plugin_of_its_own(pytester):
@@ -115,6 +133,7 @@ def test_the_slurm_launcher_is_a_plugin_of_its_own(pytester):
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-launcher=slurm", *blocked)
     result.stderr.fnmatch_lines(["*unknown launcher 'slurm'*"])
     pytester.makeconftest(CONFTEST)
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=hooks.yaml",
-                                           "--simplefsdp-launcher=counting", *blocked)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix", "--simplefsdp-matrix-file=hooks.yaml", "--simplefsdp-launcher=counting", *blocked
+    )
     result.assert_outcomes(passed=1, failed=1)

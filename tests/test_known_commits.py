@@ -96,21 +96,29 @@ def test_a_release_range_under_a_commit_install_is_refused_not_matched_as_0_2_2(
     assert not applies(release, {"cp": 2}, env)
     assert scope_problem(release, env) == (
         f"torchtitan: '<0.3' is a release range, but torchtitan here runs commit {c['C'][:12]} (its version string, "
-        f"0.2.2, names no release): scope it by commit as well (torchtitan_commit: '>=<first failing commit>')")
+        f"0.2.2, names no release): scope it by commit as well (torchtitan_commit: '>=<first failing commit>')"
+    )
     assert scope_problem(release, {"torchtitan": "0.3.0", "torchtitan_commit": None}) is None
     unknown = entry(tmp_path, 'torchtitan_commit: ">=abcdef1234"')
     assert "abcdef1234 names no commit of" in scope_problem(unknown, env)
     assert not applies(unknown, {"cp": 2}, env)
     nowhere = {"torchtitan": "0.2.2", "torchtitan_commit": Commit(c["C"], None)}  # pip-installed from git, no clone
     assert "no checkout here holds its history (--simplefsdp-torchtitan-repo=PATH)" in scope_problem(
-        entry(tmp_path, 'torchtitan_commit: ">=5dd944e62"'), nowhere)
+        entry(tmp_path, 'torchtitan_commit: ">=5dd944e62"'), nowhere
+    )
 
 
-@pytest.mark.parametrize("scope, message", [
-    ('torchtitan_commit: "newest"', "kf.yaml:2: entry 'cp-refused': torchtitan_commit: 'newest' is not a commit clause"),
-    ('torchtitan_commit: ">=5dd9"', "'>=5dd9' is not a commit clause"),
-    ('torchtitan_comit: ">=5dd944e62"', "condition on unknown axis 'torchtitan_comit'"),
-])
+@pytest.mark.parametrize(
+    "scope, message",
+    [
+        (
+            'torchtitan_commit: "newest"',
+            "kf.yaml:2: entry 'cp-refused': torchtitan_commit: 'newest' is not a commit clause",
+        ),
+        ('torchtitan_commit: ">=5dd9"', "'>=5dd9' is not a commit clause"),
+        ('torchtitan_comit: ">=5dd944e62"', "condition on unknown axis 'torchtitan_comit'"),
+    ],
+)
 def test_a_commit_range_that_is_not_one_is_refused_with_its_line(tmp_path, scope, message):
     with pytest.raises(MatrixError, match=message.replace("(", r"\(").replace(")", r"\)")):
         entry(tmp_path, scope)
@@ -119,8 +127,10 @@ def test_a_commit_range_that_is_not_one_is_refused_with_its_line(tmp_path, scope
 def test_a_bisections_window_over_commits_scopes_the_entry_by_commit():
     """What the update command writes into an entry a torchtitan bisection found: ``>=`` the first failing commit (a
     regression), ``<`` the fix; a window of releases gives none."""
-    assert commit_scope({"first_failing": {"torchtitan": "c78365232c14"},
-                         "last_passing": {"torchtitan": "1a2b3c4d5e6f"}}) == ">=c78365232c14"
+    assert (
+        commit_scope({"first_failing": {"torchtitan": "c78365232c14"}, "last_passing": {"torchtitan": "1a2b3c4d5e6f"}})
+        == ">=c78365232c14"
+    )
     assert commit_scope({"fixed_in": {"torchtitan": "c78365232c14"}}) == "<c78365232c14"
     assert commit_scope({"first_failing": {"torch": "2.15.0"}, "last_passing": {"torch": "2.14.1"}}) is None
     assert commit_scope({"first_failing": {"torchtitan": "0.3.0"}}) is None
@@ -133,12 +143,19 @@ def test_the_update_writes_a_commit_bisections_window_as_a_commit_scope(checkout
     from pytest_simplefsdp.judge.update import Draft, update_file
 
     repo, c = checkout
-    result = CellResult("cp2", {"cp": 2}, status="failed", failure_class="invalid_config", error_line="boom",
-                        signature="boom")
+    result = CellResult(
+        "cp2", {"cp": 2}, status="failed", failure_class="invalid_config", error_line="boom", signature="boom"
+    )
     kf = tmp_path / "kf.yaml"
     window = {"first_failing": {"torchtitan": c["C"][:12]}, "last_passing": {"torchtitan": c["B"][:12]}}
-    update_file(kf, [Draft("p", [result], [("cp", 2)])], set(), "2026-12-05", windows={"p-cp2": window},
-                check=lambda p: load_known_failures(p, {"cp"}))
+    update_file(
+        kf,
+        [Draft("p", [result], [("cp", 2)])],
+        set(),
+        "2026-12-05",
+        windows={"p-cp2": window},
+        check=lambda p: load_known_failures(p, {"cp"}),
+    )
     text = kf.read_text()
     assert f"when: {{profile: p, cp: 2, torchtitan_commit: '>={c['C'][:12]}'}}" in text, text
     (drafted,) = load_known_failures(kf, {"cp"}).entries

@@ -20,8 +20,13 @@ def private_uses(path):
                 if a.name.startswith("_"):
                     out.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.module}.{a.name}")
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                and isinstance(node.value, ast.Name) and node.value.id in imported:
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in imported
+        ):
             out.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value.id}.{node.attr}")
     return out
 
@@ -35,8 +40,10 @@ def test_the_check_catches_a_private_use(tmp_path):
     bad = PACKAGE / "launch" / "_layout_probe.py"  # inside the package, so relative imports resolve as theirs
     bad.write_text("from .torchrun import TorchrunLauncher\nfrom .procs import _hidden\nTorchrunLauncher._x()\n")
     try:
-        assert private_uses(bad) == ["launch/_layout_probe.py:2: procs._hidden",
-                                     "launch/_layout_probe.py:3: TorchrunLauncher._x"]
+        assert private_uses(bad) == [
+            "launch/_layout_probe.py:2: procs._hidden",
+            "launch/_layout_probe.py:3: TorchrunLauncher._x",
+        ]
     finally:
         bad.unlink()
 
@@ -48,9 +55,14 @@ def target_reads(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "target":
             out.append((node.lineno, node.attr))
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2 \
-                and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "target" \
-                and isinstance(node.args[1], ast.Constant):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "getattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Attribute)
+            and node.args[0].attr == "target"
+            and isinstance(node.args[1], ast.Constant)
+        ):
             out.append((node.lineno, node.args[1].value))
     return out
 
@@ -59,8 +71,12 @@ def undeclared_target_reads(paths):
     from pytest_simplefsdp.hookspecs import Target
 
     declared = set(Target.__annotations__) | {n for n in vars(Target) if not n.startswith("_")}
-    return [f"{p.relative_to(PACKAGE)}:{line}: target.{name}" for p in paths for line, name in target_reads(p)
-            if name not in declared]
+    return [
+        f"{p.relative_to(PACKAGE)}:{line}: target.{name}"
+        for p in paths
+        for line, name in target_reads(p)
+        if name not in declared
+    ]
 
 
 def test_every_member_read_on_a_target_is_in_the_target_protocol():
@@ -73,11 +89,15 @@ def test_every_member_read_on_a_target_is_in_the_target_protocol():
 
 def test_the_protocol_check_catches_an_undeclared_read():
     bad = PACKAGE / "run" / "_protocol_probe.py"
-    bad.write_text("def f(run):\n    run.target.command()\n    return run.target.made_up, "
-                   "getattr(run.target, 'ALSO_MADE_UP', None)\n")
+    bad.write_text(
+        "def f(run):\n    run.target.command()\n    return run.target.made_up, "
+        "getattr(run.target, 'ALSO_MADE_UP', None)\n"
+    )
     try:
-        assert undeclared_target_reads([bad]) == ["run/_protocol_probe.py:3: target.made_up",
-                                                  "run/_protocol_probe.py:3: target.ALSO_MADE_UP"]
+        assert undeclared_target_reads([bad]) == [
+            "run/_protocol_probe.py:3: target.made_up",
+            "run/_protocol_probe.py:3: target.ALSO_MADE_UP",
+        ]
     finally:
         bad.unlink()
 
@@ -93,17 +113,22 @@ def package_imports(path):
     name = module_name(path)
     base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     tree = ast.parse(path.read_text())
-    local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-             for n in ast.walk(f)}
-    typing_only = {id(n) for i in ast.walk(tree) if isinstance(i, ast.If) and "TYPE_CHECKING" in ast.unparse(i.test)
-                   for n in ast.walk(i)}
+    local = {
+        id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+    }
+    typing_only = {
+        id(n)
+        for i in ast.walk(tree)
+        if isinstance(i, ast.If) and "TYPE_CHECKING" in ast.unparse(i.test)
+        for n in ast.walk(i)
+    }
     out = []
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
         targets = []
         if isinstance(node, ast.ImportFrom):
-            root = ".".join(base[:len(base) - node.level + 1]) if node.level else ""
+            root = ".".join(base[: len(base) - node.level + 1]) if node.level else ""
             mod = ".".join(p for p in (root, node.module or "") if p)
             targets = [mod] + [f"{mod}.{a.name}" for a in node.names]  # `from . import x`: x may be a module
         elif isinstance(node, ast.Import):
@@ -177,9 +202,13 @@ LAZY_ENTRY_POINTS = {"pytest_simplefsdp.plugin", "pytest_simplefsdp.launch.slurm
 
 
 def test_no_function_local_import_of_the_package_outside_the_entry_points():
-    found = [f"{module_name(p)}:{line}: {target}" for p in sorted(PACKAGE.rglob("*.py"))
-             if module_name(p) not in LAZY_ENTRY_POINTS
-             for target, line, local in package_imports(p) if local]
+    found = [
+        f"{module_name(p)}:{line}: {target}"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if module_name(p) not in LAZY_ENTRY_POINTS
+        for target, line, local in package_imports(p)
+        if local
+    ]
     assert found == []
 
 

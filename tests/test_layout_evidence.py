@@ -32,11 +32,20 @@ def model(experts=False, blocks=range(BLOCKS)):
     """FQN -> global shape: a llama3-like model (with routed experts in blocks 1.., DeepSeek-V3-like)."""
     out = {"tok_embeddings.weight": [2048, 256]} if 0 in blocks else {}
     for i in blocks:
-        out.update({f"layers.{i}.attention.wqkv.weight": [768, 256], f"layers.{i}.attention_norm.weight": [256],
-                    f"layers.{i}.feed_forward.w1.weight": [768, 256]})
+        out.update(
+            {
+                f"layers.{i}.attention.wqkv.weight": [768, 256],
+                f"layers.{i}.attention_norm.weight": [256],
+                f"layers.{i}.feed_forward.w1.weight": [768, 256],
+            }
+        )
         if experts and i > 0:
-            out.update({f"layers.{i}.moe.routed_experts.inner_experts.w1_EFD": [8, 256, 256],
-                        f"layers.{i}.moe.router.gate.weight": [8, 256]})
+            out.update(
+                {
+                    f"layers.{i}.moe.routed_experts.inner_experts.w1_EFD": [8, 256, 256],
+                    f"layers.{i}.moe.router.gate.weight": [8, 256],
+                }
+            )
     if BLOCKS - 1 in blocks:
         out.update({"norm.weight": [256], "lm_head.weight": [2048, 256]})
     return out
@@ -70,19 +79,38 @@ def effects(a, shapes, overrides=None, policy=None, block_policy=None):
     for _, _, _, where in params.values():
         for dim, p in where.items():
             dims.setdefault(dim, set()).add(p)
-    some = {axis: str(max([int(p.rpartition("x")[2]) for d in ds for p in dims.get(d, ()) if kind in p] or [1]))
-            for axis, ds, kind in (("dp_shard", ("fsdp",), "Shard"), ("dp_replicate", ("dp_replicate",), "Replicate"),
-                                   ("tp", ("tp",), "Shard"), ("ep", ("ep",), "Shard"))}
+    some = {
+        axis: str(max([int(p.rpartition("x")[2]) for d in ds for p in dims.get(d, ()) if kind in p] or [1]))
+        for axis, ds, kind in (
+            ("dp_shard", ("fsdp",), "Shard"),
+            ("dp_replicate", ("dp_replicate",), "Replicate"),
+            ("tp", ("tp",), "Shard"),
+            ("ep", ("ep",), "Shard"),
+        )
+    }
     layers = sorted({f.split(".")[1] for f in shapes if f.startswith("layers.")}, key=int)
-    out = {**some, "params": params, "layers": layers, "model_layers": BLOCKS, "trainer": "GraphTrainer",
-           "data_parallel": "simplefsdp", "compile": a.get("compile", "eager"), "spmd_backend": "partial_dtensor",
-           "memory": {"params": held, "grads": held, "optimizer": 2 * held, "peak": None,
-                      "optimizer_class": ["AdamW"]}}
+    out = {
+        **some,
+        "params": params,
+        "layers": layers,
+        "model_layers": BLOCKS,
+        "trainer": "GraphTrainer",
+        "data_parallel": "simplefsdp",
+        "compile": a.get("compile", "eager"),
+        "spmd_backend": "partial_dtensor",
+        "memory": {"params": held, "grads": held, "optimizer": 2 * held, "peak": None, "optimizer_class": ["AdamW"]},
+    }
     if int(a.get("pp", 1)) > 1:
         out["pp_schedule"] = f"Schedule{a['pp_schedule']}"
     if policy:
-        out.update({"memory_policy": policy, "tags": {"MUST_RECOMPUTE": 10}, "inductor_compilation": "regional",
-                    "block_policy": block_policy or {b: policy for b in layers}})
+        out.update(
+            {
+                "memory_policy": policy,
+                "tags": {"MUST_RECOMPUTE": 10},
+                "inductor_compilation": "regional",
+                "block_policy": block_policy or {b: policy for b in layers},
+            }
+        )
     return out
 
 
@@ -90,8 +118,11 @@ def write(log_dir, ranks):
     folder = log_dir / "evidence"
     folder.mkdir(parents=True)
     for rank, eff in enumerate(ranks):
-        (folder / f"rank{rank}.json").write_text(json.dumps({
-            "probe": {"started": "yes", "hooks": ["train_step", "passes", "schedule", "mesh"]}, "effects": eff}))
+        (folder / f"rank{rank}.json").write_text(
+            json.dumps(
+                {"probe": {"started": "yes", "hooks": ["train_step", "passes", "schedule", "mesh"]}, "effects": eff}
+            )
+        )
     return log_dir
 
 
@@ -105,29 +136,49 @@ def judged(titan, tmp_path, cell_id, ranks):
 REPLICATED_HEAD = {"lm_head.weight": {"fsdp": "Replicatex2"}}
 
 
-@pytest.mark.parametrize("cell_id, experts, partial, axis, culprit", [
-    # dp_shard: the output projection replicated over fsdp (its gradient all-reduced: the same training)
-    ("llama3-dp2-eager", False, REPLICATED_HEAD, "dp_shard=2", "lm_head.weight over 1"),
-    # tp: one block's projection left out of the TP plan, held whole on both TP ranks
-    ("llama3-dp2-tp2-eager", False, {"layers.2.feed_forward.w1.weight": {"fsdp": "Shardx2", "tp": "Replicatex2"}},
-     "tp=2", "layers.2.feed_forward.w1.weight over 1"),
-    # ep: one MoE block's experts not split over ep (FSDP over efsdp only)
-    ("deepseek_v3-dp2-ep2-eager", True, {"layers.3.moe.routed_experts.inner_experts.w1_EFD": {"efsdp": "Shardx1"}},
-     "ep=2", "layers.3.moe.routed_experts.inner_experts.w1_EFD over 1"),
-    # dp_replicate: a module sharded over dp_replicate x fsdp instead of copied over dp_replicate
-    ("llama3-dpr2-dp2-eager", False, {"norm.weight": {"dp_replicate": "Shardx2", "fsdp": "Shardx2"}},
-     "dp_replicate=2", "norm.weight over 1"),
-])
-def test_a_degree_applied_to_part_of_the_model_fails_its_evidence(titan, tmp_path, cell_id, experts, partial, axis,
-                                                                   culprit):
+@pytest.mark.parametrize(
+    "cell_id, experts, partial, axis, culprit",
+    [
+        # dp_shard: the output projection replicated over fsdp (its gradient all-reduced: the same training)
+        ("llama3-dp2-eager", False, REPLICATED_HEAD, "dp_shard=2", "lm_head.weight over 1"),
+        # tp: one block's projection left out of the TP plan, held whole on both TP ranks
+        (
+            "llama3-dp2-tp2-eager",
+            False,
+            {"layers.2.feed_forward.w1.weight": {"fsdp": "Shardx2", "tp": "Replicatex2"}},
+            "tp=2",
+            "layers.2.feed_forward.w1.weight over 1",
+        ),
+        # ep: one MoE block's experts not split over ep (FSDP over efsdp only)
+        (
+            "deepseek_v3-dp2-ep2-eager",
+            True,
+            {"layers.3.moe.routed_experts.inner_experts.w1_EFD": {"efsdp": "Shardx1"}},
+            "ep=2",
+            "layers.3.moe.routed_experts.inner_experts.w1_EFD over 1",
+        ),
+        # dp_replicate: a module sharded over dp_replicate x fsdp instead of copied over dp_replicate
+        (
+            "llama3-dpr2-dp2-eager",
+            False,
+            {"norm.weight": {"dp_replicate": "Shardx2", "fsdp": "Shardx2"}},
+            "dp_replicate=2",
+            "norm.weight over 1",
+        ),
+    ],
+)
+def test_a_degree_applied_to_part_of_the_model_fails_its_evidence(
+    titan, tmp_path, cell_id, experts, partial, axis, culprit
+):
     target, cells = titan
     a = cells[cell_id].axes
     whole = [effects(a, model(experts)) for _ in range(cells[cell_id].world)]
     cell, wrong, found = judged(titan, tmp_path / "whole", cell_id, whole)
     assert wrong == {}, [e.line() for e in wrong.values()]
     assert axis in {e.axis for e in found}
-    _, wrong, _ = judged(titan, tmp_path / "partial", cell_id,
-                         [effects(a, model(experts), partial) for _ in range(cell.world)])
+    _, wrong, _ = judged(
+        titan, tmp_path / "partial", cell_id, [effects(a, model(experts), partial) for _ in range(cell.world)]
+    )
     assert axis in wrong, sorted(wrong)
     assert not wrong[axis].infra and culprit in wrong[axis].seen
     assert " parameters, " in wrong[axis].seen and "% of bytes on rank 0" in wrong[axis].seen
@@ -139,21 +190,33 @@ def test_the_share_is_said_by_count_and_bytes_and_exemptions_by_their_rule(titan
     _, _, found = judged(titan, tmp_path, "llama3-dp2-tp2-eager", [effects(a, model()) for _ in range(4)])
     tp = next(e for e in found if e.axis == "tp=2")
     # 4 blocks x 2 projections + embeddings + head split; 4 attention norms + the final norm kept replicated
-    assert tp.line() == ("tp=2: expected every parameter split over 2 ranks of tp (exempt: 5 by rule: the TP plans "
-                         "keep RMSNorm weights replicated (SequenceParallel)), saw 10 of 10 parameters, 100.0% of "
-                         "bytes, on ranks 0, 1, 2, 3")
-    _, wrong, _ = judged(titan, tmp_path / "partial", "llama3-dp2-tp2-eager",
-                         [effects(a, model(), {"tok_embeddings.weight": {"fsdp": "Shardx2"}})] * 4)
+    assert tp.line() == (
+        "tp=2: expected every parameter split over 2 ranks of tp (exempt: 5 by rule: the TP plans "
+        "keep RMSNorm weights replicated (SequenceParallel)), saw 10 of 10 parameters, 100.0% of "
+        "bytes, on ranks 0, 1, 2, 3"
+    )
+    _, wrong, _ = judged(
+        titan,
+        tmp_path / "partial",
+        "llama3-dp2-tp2-eager",
+        [effects(a, model(), {"tok_embeddings.weight": {"fsdp": "Shardx2"}})] * 4,
+    )
     # the embedding: 1 of 10 parameters, a fifth of the bytes the degree covers
-    assert wrong["tp=2"].seen.startswith("9 of 10 parameters, 80.0% of bytes on rank 0: tok_embeddings.weight over 1 on ranks 0, 1, 2, 3")
+    assert wrong["tp=2"].seen.startswith(
+        "9 of 10 parameters, 80.0% of bytes on rank 0: tok_embeddings.weight over 1 on ranks 0, 1, 2, 3"
+    )
 
 
 def test_a_rule_can_exempt_outside_its_patterns_and_change_the_size():
     a = {"dp_shard": 2, "tp": 2, "ep": 2}
-    rules = (Rule("ep", ("*.experts.*",), "EP splits only the experts", outside=True),
-             Rule("dp_shard", ("*.experts.*",), "the rest", size=lambda a: 2 * 2 // 2))
-    params = {"a.experts.w": [[8, 4], 4, 16, {"efsdp": "Shardx2", "ep": "Shardx2"}],
-              "a.attn.w": [[8, 4], 4, 16, {"fsdp": "Shardx2"}]}
+    rules = (
+        Rule("ep", ("*.experts.*",), "EP splits only the experts", outside=True),
+        Rule("dp_shard", ("*.experts.*",), "the rest", size=lambda a: 2 * 2 // 2),
+    )
+    params = {
+        "a.experts.w": [[8, 4], 4, 16, {"efsdp": "Shardx2", "ep": "Shardx2"}],
+        "a.attn.w": [[8, 4], 4, 16, {"fsdp": "Shardx2"}],
+    }
     records = {0: {"effects": {"params": params}}}
     found = {e.axis: e for e in degree_evidence(a, records, [0], rules)}
     assert found["ep=2"].ok and "1 of 1 parameters" in found["ep=2"].seen
@@ -168,16 +231,20 @@ def test_the_memory_policy_on_some_blocks_is_not_the_memory_policy(titan, tmp_pa
     assert wrong == {}
     assert "full for blocks 0, 1, 2, 3 on ranks 0, 1" in [e for e in found if "block_policy" in e.expected][0].seen
     first_untagged = {"0": "none", "1": "full", "2": "full", "3": "full"}
-    _, wrong, _ = judged(titan, tmp_path / "partial", cell_id,
-                         [effects(a, model(), policy="full", block_policy=first_untagged)] * 2)
-    assert wrong["memory_policy=full"].line() == ("memory_policy=full: expected effects.block_policy = full for every "
-                                                  "block on every rank, saw block 0: none on ranks 0, 1")
+    _, wrong, _ = judged(
+        titan, tmp_path / "partial", cell_id, [effects(a, model(), policy="full", block_policy=first_untagged)] * 2
+    )
+    assert wrong["memory_policy=full"].line() == (
+        "memory_policy=full: expected effects.block_policy = full for every "
+        "block on every rank, saw block 0: none on ranks 0, 1"
+    )
 
 
 def stages(sets):
     a = {"pp": 2}
-    return stage_evidence(a, {r: {"effects": {"layers": s, "model_layers": BLOCKS}} for r, s in enumerate(sets)},
-                          range(len(sets)))
+    return stage_evidence(
+        a, {r: {"effects": {"layers": s, "model_layers": BLOCKS}} for r, s in enumerate(sets)}, range(len(sets))
+    )
 
 
 def test_pipeline_stages_must_partition_the_blocks():
@@ -188,8 +255,10 @@ def test_pipeline_stages_must_partition_the_blocks():
     overlap = stages([["0", "1", "2"], ["2", "3"]])  # two distinct sets, as the probe counted before
     assert not overlap.ok and overlap.seen.startswith("blocks 2 on more than one stage")
     missing = stages([["0"], ["1", "2"]])
-    assert missing.line() == ("pp=2: expected 2 stages holding each of the model's 4 blocks once, saw blocks 3 on "
-                              "none; blocks 0 on ranks 0; blocks 1,2 on ranks 1")
+    assert missing.line() == (
+        "pp=2: expected 2 stages holding each of the model's 4 blocks once, saw blocks 3 on "
+        "none; blocks 0 on ranks 0; blocks 1,2 on ranks 1"
+    )
 
 
 def test_a_partial_pipeline_split_fails_through_the_target(titan, tmp_path):
@@ -214,8 +283,9 @@ def test_memory_per_rank_against_the_layout(titan, tmp_path):
     assert held.evidence().ok and set(rec["ranks"]) == {"0", "1", "2", "3"}
     # the output projection held whole: its bytes on every rank, four times its share
     bloated = effects(a, model(), {"lm_head.weight": {"fsdp": "Replicatex2", "tp": "Replicatex2"}})
-    held = memory(a, read_probes(write(tmp_path / "bloated", [bloated] * 4) / "evidence"), range(4),
-                  target.LAYOUT_RULES)
+    held = memory(
+        a, read_probes(write(tmp_path / "bloated", [bloated] * 4) / "evidence"), range(4), target.LAYOUT_RULES
+    )
     ev = held.evidence()
     assert not ev.ok and ev.seen.startswith("rank 0 holds 4196864 bytes of params, expected 2624000 (+-0)")
     assert held.record()["ratio"] == pytest.approx(4196864 / 2624000)
@@ -224,8 +294,12 @@ def test_memory_per_rank_against_the_layout(titan, tmp_path):
 def test_optimizer_state_is_checked_for_adam_only(tmp_path):
     a = {"dp_shard": 2}
     params = {"w": [[4, 4], 4, 8, {"fsdp": "Shardx2"}]}  # split evenly: no padding allowance
-    rec = {"effects": {"params": params, "memory": {"params": 32, "grads": 32, "optimizer": 32, "peak": None,
-                                                    "optimizer_class": ["AdamW"]}}}
+    rec = {
+        "effects": {
+            "params": params,
+            "memory": {"params": 32, "grads": 32, "optimizer": 32, "peak": None, "optimizer_class": ["AdamW"]},
+        }
+    }
     assert "32 bytes of optimizer, expected 64" in memory(a, {0: rec}, [0]).evidence().seen
     rec["effects"]["memory"]["optimizer_class"] = ["SGD"]
     assert memory(a, {0: rec}, [0]).evidence().ok

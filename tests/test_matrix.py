@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
+from pytest_simplefsdp.paths import MATRIX_DIR
 from pytest_simplefsdp.spec.cells import expand
 from pytest_simplefsdp.spec.matrix import MatrixError, load_matrix
-from pytest_simplefsdp.paths import MATRIX_DIR
 from pytest_simplefsdp.targets import make_target
 
 BASE = """\
@@ -60,10 +60,13 @@ def test_cross_product_minus_rules(tmp_path):
 def test_a_layout_outside_world_sizes_is_never_collected_even_without_a_rule(tmp_path):
     """dp_shard 4 x tp 2 = 8 ranks with world_sizes [2, 4] and no world-size rule: n/a with the reason, not a
     cell that fails at run time."""
-    text = BASE.replace("""  - name: world-size
+    text = BASE.replace(
+        """  - name: world-size
     drop_if: world not in world_sizes
     reason: "{world} ranks is not one of {world_sizes}"
-""", "")
+""",
+        "",
+    )
     matrix, cells, dropped = load(tmp_path, text)
     assert all(c.world in (2, 4) for c in cells) and len(cells) == len(load(tmp_path, BASE)[1])
     one = next(d for d in dropped if d.axes == dict(model="llama3", dp_shard=4, tp=2, ep=1, compile="eager"))
@@ -81,12 +84,15 @@ def test_ids_are_readable_stable_and_unique(tmp_path):
 
 
 def test_exclude_and_include(tmp_path):
-    text = BASE + """\
+    text = (
+        BASE
+        + """\
 exclude:
   - {compile: aot_fx_trace, tp: 2}
 include:
   - {model: llama3, dp_shard: 4, compile: aot_fx_trace}
 """
+    )
     _, cells, _ = load(tmp_path, text)
     assert not any(c.axes["compile"] == "aot_fx_trace" and c.axes["tp"] == 2 for c in cells)
     assert "llama3-dp4-aot_fx_trace" in [c.id for c in cells]
@@ -94,8 +100,11 @@ include:
 
 def test_include_that_a_rule_drops_is_an_error(tmp_path):
     text = BASE + "include:\n  - {model: llama3, dp_shard: 4, tp: 2}\n"
-    with pytest.raises(MatrixError, match=r"m\.yaml:\d+: include entry llama3-dp4-tp2-eager cannot run: "
-                                          r"rule 'world-size': 8 ranks"):
+    with pytest.raises(
+        MatrixError,
+        match=r"m\.yaml:\d+: include entry llama3-dp4-tp2-eager cannot run: "
+        r"rule 'world-size': 8 ranks",
+    ):
         load(tmp_path, text)
 
 
@@ -104,19 +113,30 @@ def test_smoke_marks_cells(tmp_path):
     assert [c.id for c in cells if c.smoke] == ["llama3-dp2-eager"]
 
 
-@pytest.mark.parametrize("patch, message", [
-    (("axes:\n", "axes:\n  bogus: [1]\n"), r"m\.yaml:\d+: target 'titan03' has no axis 'bogus'"),
-    (("compile: [eager, aot_fx_trace]", "compile: [eager, turbo]"), r"axis 'compile': unknown value 'turbo'"),
-    (("dp_shard: [1, 2, 4]", "dp_shard: [1, 0]"), r"m\.yaml:11: degree axis 'dp_shard' has non-positive"),
-    (("drop_if: ep > 1 and not moe", "drop_if: ep > 1 and not mystery"), r"m\.yaml:20: rule 'ep-needs-moe' uses an unknown name"),
-    (("drop_if: ep > 1 and not moe", "drop_if: ep >"), r"m\.yaml:20: rule 'ep-needs-moe': drop_if is not a valid expression"),
-    (("profile: t\n", "profile: t\nprofiel: x\n"), r"m\.yaml:2: unknown top-level key 'profiel'"),
-    (("target: titan03", "target: titan99"), r"unknown target 'titan99'"),
-    (("world_sizes: [2, 4]", "world_sizes: [two]"), r"world_sizes` must be a list of positive integers"),
-    (("  ep: {prefix: ep, omit: 1}\n", "  ep: {prefx: ep}\n"), r"m\.yaml:\d+: unknown ids.ep key 'prefx'"),
-    (("deepseek_v3: {moe: true, module: m, config: c}", "deepseek_v3: {moe: true, module: m}"),
-     r"models.deepseek_v3 needs config"),
-])
+@pytest.mark.parametrize(
+    "patch, message",
+    [
+        (("axes:\n", "axes:\n  bogus: [1]\n"), r"m\.yaml:\d+: target 'titan03' has no axis 'bogus'"),
+        (("compile: [eager, aot_fx_trace]", "compile: [eager, turbo]"), r"axis 'compile': unknown value 'turbo'"),
+        (("dp_shard: [1, 2, 4]", "dp_shard: [1, 0]"), r"m\.yaml:11: degree axis 'dp_shard' has non-positive"),
+        (
+            ("drop_if: ep > 1 and not moe", "drop_if: ep > 1 and not mystery"),
+            r"m\.yaml:20: rule 'ep-needs-moe' uses an unknown name",
+        ),
+        (
+            ("drop_if: ep > 1 and not moe", "drop_if: ep >"),
+            r"m\.yaml:20: rule 'ep-needs-moe': drop_if is not a valid expression",
+        ),
+        (("profile: t\n", "profile: t\nprofiel: x\n"), r"m\.yaml:2: unknown top-level key 'profiel'"),
+        (("target: titan03", "target: titan99"), r"unknown target 'titan99'"),
+        (("world_sizes: [2, 4]", "world_sizes: [two]"), r"world_sizes` must be a list of positive integers"),
+        (("  ep: {prefix: ep, omit: 1}\n", "  ep: {prefx: ep}\n"), r"m\.yaml:\d+: unknown ids.ep key 'prefx'"),
+        (
+            ("deepseek_v3: {moe: true, module: m, config: c}", "deepseek_v3: {moe: true, module: m}"),
+            r"models.deepseek_v3 needs config",
+        ),
+    ],
+)
 def test_bad_input_names_file_line_and_value(tmp_path, patch, message):
     old, new = patch
     assert old in BASE
@@ -130,15 +150,21 @@ def test_exclude_with_unknown_axis(tmp_path):
 
 
 def test_exclude_with_a_value_no_axis_has(tmp_path):
-    with pytest.raises(MatrixError, match=r"m\.yaml:27: `exclude` entry tp: 3 is not a value of axis 'tp'; "
-                                          r"its values: 1, 2"):
+    with pytest.raises(
+        MatrixError,
+        match=r"m\.yaml:27: `exclude` entry tp: 3 is not a value of axis 'tp'; "
+        r"its values: 1, 2",
+    ):
         load(tmp_path, BASE + "exclude:\n  - {tp: 3}\n")
 
 
 def test_invalid_yaml_names_line(tmp_path):
     # the unclosed list is on line 3; the parser only notices on line 4
-    with pytest.raises(MatrixError, match=r"m\.yaml:3: not valid YAML: while parsing a flow sequence: .*"
-                                          r"\(noticed at line 4\)"):
+    with pytest.raises(
+        MatrixError,
+        match=r"m\.yaml:3: not valid YAML: while parsing a flow sequence: .*"
+        r"\(noticed at line 4\)",
+    ):
         load(tmp_path, "profile: t\naxes:\n  model: [a, b\n  x: 1\n: :\n")
 
 
@@ -163,29 +189,41 @@ def test_shipped_profiles():
     assert counts["cpu"][2].device == "cpu" and counts["h100x8"][2].device == "cuda"
 
 
-@pytest.mark.parametrize("expr, message", [
-    # the escape that once ran os.system from a matrix file, even under --simplefsdp-dry-run
-    ("().__class__.__base__.__subclasses__()", r"call '\(\).__class__.__base__.__subclasses__\(\)': only len, min, max "
-                                               r"may be called"),
-    ("len(().__class__.__base__.__subclasses__)", r"Attribute \(\(\).__class__.__base__.__subclasses__\) is not allowed"),
-    ("__import__('os').system('touch {marker}') or True", r"only len, min, max may be called"),
-    ("len(__builtins__) > 0", r"name '__builtins__' is not allowed"),
-    ("len([c for c in ()]) == 0", r"ListComp .* is not allowed"),
-    ("len((lambda: 1,)) == 1", r"Lambda .* is not allowed"),
-    ("open('{marker}', 'w')", r"call \"open\('.*', 'w'\)\": only len, min, max may be called"),
-    ("world_sizes[0] == 2", r"Subscript .* is not allowed"),
-])
+@pytest.mark.parametrize(
+    "expr, message",
+    [
+        # the escape that once ran os.system from a matrix file, even under --simplefsdp-dry-run
+        (
+            "().__class__.__base__.__subclasses__()",
+            r"call '\(\).__class__.__base__.__subclasses__\(\)': only len, min, max "
+            r"may be called",
+        ),
+        (
+            "len(().__class__.__base__.__subclasses__)",
+            r"Attribute \(\(\).__class__.__base__.__subclasses__\) is not allowed",
+        ),
+        ("__import__('os').system('touch {marker}') or True", r"only len, min, max may be called"),
+        ("len(__builtins__) > 0", r"name '__builtins__' is not allowed"),
+        ("len([c for c in ()]) == 0", r"ListComp .* is not allowed"),
+        ("len((lambda: 1,)) == 1", r"Lambda .* is not allowed"),
+        ("open('{marker}', 'w')", r"call \"open\('.*', 'w'\)\": only len, min, max may be called"),
+        ("world_sizes[0] == 2", r"Subscript .* is not allowed"),
+    ],
+)
 def test_rules_cannot_run_code(tmp_path, expr, message):
     marker = tmp_path / "pwned"
-    text = BASE.replace("drop_if: ep > 1 and not moe", f"drop_if: \"{expr.format(marker=marker)}\"", 1)
+    text = BASE.replace("drop_if: ep > 1 and not moe", f'drop_if: "{expr.format(marker=marker)}"', 1)
     with pytest.raises(MatrixError, match=r"m\.yaml:20: rule 'ep-needs-moe': drop_if .*" + message):
         load(tmp_path, text)
     assert not marker.exists()
 
 
 def test_rules_keep_their_vocabulary(tmp_path):
-    text = BASE.replace("drop_if: ep > 1 and not moe",
-                        "drop_if: \"ep > 1 and not moe or (world not in (2, 4) and max(tp, ep) >= len([1]) + 9)\"", 1)
+    text = BASE.replace(
+        "drop_if: ep > 1 and not moe",
+        'drop_if: "ep > 1 and not moe or (world not in (2, 4) and max(tp, ep) >= len([1]) + 9)"',
+        1,
+    )
     _, cells, dropped = load(tmp_path, text)
     assert cells and dropped
 
@@ -208,21 +246,27 @@ def test_an_included_cell_runs_on_every_version_set_of_the_run(tmp_path):
     (a twin run once left the seed's 8-rank cells, which are includes, on the installed versions alone)."""
     from pytest_simplefsdp.spec.matrix import with_versions
 
-    text = BASE.replace("  compile: [eager, aot_fx_trace]\n", "  compile: [eager]\n") + \
-        "exclude:\n  - {dp_shard: 4}\ninclude:\n  - {model: llama3, dp_shard: 4, compile: eager}\n"
+    text = (
+        BASE.replace("  compile: [eager, aot_fx_trace]\n", "  compile: [eager]\n")
+        + "exclude:\n  - {dp_shard: 4}\ninclude:\n  - {model: llama3, dp_shard: 4, compile: eager}\n"
+    )
     matrix = with_versions(load(tmp_path, text)[0], ["installed", "torch==2.15.0"])
     ids = [c.id for c in expand(matrix)[0] if c.axes["dp_shard"] == 4]
     assert ids == ["llama3-dp4-eager", "llama3-dp4-eager-torch-2.15.0"]
 
 
-@pytest.mark.parametrize("version, trainers, profile", [
-    ("0.3.0", {"graph_trainer"}, "cpu"),
-    ("0.2.2", {"graph_trainer"}, "cpu"),  # torchtitan main: its version string predates 0.3.0, its trainer does not
-    ("0.2.0", {"simple_fsdp"}, "titan02-cpu"),
-    ("", set(), "cpu"),  # none installed: the current generation's (a dry run lists it unchecked)
-])
-def test_the_auto_profile_follows_what_the_installed_torchtitan_ships(monkeypatch, tmp_path, version, trainers,
-                                                                      profile):
+@pytest.mark.parametrize(
+    "version, trainers, profile",
+    [
+        ("0.3.0", {"graph_trainer"}, "cpu"),
+        ("0.2.2", {"graph_trainer"}, "cpu"),  # torchtitan main: its version string predates 0.3.0, its trainer does not
+        ("0.2.0", {"simple_fsdp"}, "titan02-cpu"),
+        ("", set(), "cpu"),  # none installed: the current generation's (a dry run lists it unchecked)
+    ],
+)
+def test_the_auto_profile_follows_what_the_installed_torchtitan_ships(
+    monkeypatch, tmp_path, version, trainers, profile
+):
     from pytest_simplefsdp.options import Settings
     from pytest_simplefsdp.spec import profiles
 
@@ -236,9 +280,9 @@ def test_the_auto_profile_follows_what_the_installed_torchtitan_ships(monkeypatc
 
 
 def test_the_installed_torchtitans_trainers_are_read_from_its_folders(monkeypatch, tmp_path):
-    from pytest_simplefsdp import machine
-
     import sys
+
+    from pytest_simplefsdp import machine
 
     (tmp_path / "torchtitan" / "experiments" / "simple_fsdp").mkdir(parents=True)
     (tmp_path / "torchtitan" / "__init__.py").write_text("raise ImportError('never imported')\n")

@@ -4,9 +4,10 @@ import importlib.util
 
 import pytest
 
-from helpers import NUMERICS, cells_of, fake_matrix
-from pytest_simplefsdp.spec.matrix import Lane
 from pytest_simplefsdp.judge.numerics import compare
+from pytest_simplefsdp.spec.matrix import Lane
+
+from helpers import NUMERICS, cells_of, fake_matrix
 
 
 def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, pytester):
@@ -14,13 +15,15 @@ def test_perturbed_gradient_is_caught_at_the_first_differing_step(run_matrix, py
     text = fake_matrix(modes=["pass", "perturb"], args=', "--delta", "0.002"', extra=NUMERICS)
     result = run_matrix(text, f"--simplefsdp-json={out}")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines([
-        "*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2: cell 5.002 vs baseline 5.0 "
-        "(|diff| 0.002; lane close: rtol 1e-05, atol 1e-05, 2 step(s) off)*",
-        "numerics: 2 cells compared with their baselines (1 bitwise equal, 0 within their tolerances, 1 outside)",
-        "    (-v lists them per cell)",
-        "*perturb-r2 vs pass-r2: lane close, max |diff| 0.002,*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2: cell 5.002 vs baseline 5.0 "
+            "(|diff| 0.002; lane close: rtol 1e-05, atol 1e-05, 2 step(s) off)*",
+            "numerics: 2 cells compared with their baselines (1 bitwise equal, 0 within their tolerances, 1 outside)",
+            "    (-v lists them per cell)",
+            "*perturb-r2 vs pass-r2: lane close, max |diff| 0.002,*",
+        ]
+    )
     assert "pass-r2 vs pass-r2" not in result.stdout.str()  # a green cell's numerics only under -v
     cells = cells_of(out)
     bad = cells["perturb-r2"]["numerics"]
@@ -47,11 +50,17 @@ def test_nan_is_a_numerics_failure_never_a_pass(run_matrix):
 
 
 def test_baseline_that_fails_is_a_clear_verdict(run_matrix):
-    text = fake_matrix(modes=["fail", "perturb"], extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: fail}"))
+    text = fake_matrix(
+        modes=["fail", "perturb"], extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: fail}")
+    )
     result = run_matrix(text, "-k", "perturb")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*perturb-r2: [[]infra[]] baseline baseline-fail-r2 failed: [[]runtime[]] RuntimeError: fake "
-                                 "failure on purpose*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*perturb-r2: [[]infra[]] baseline baseline-fail-r2 failed: [[]runtime[]] RuntimeError: fake "
+            "failure on purpose*"
+        ]
+    )
 
 
 def test_a_crashing_baseline_is_the_culprit_not_the_cell(run_matrix, pytester):
@@ -61,16 +70,34 @@ def test_a_crashing_baseline_is_the_culprit_not_the_cell(run_matrix, pytester):
     kf = pytester.path / "kf.yaml"
     kf.write_text("[]\n")
     out = pytester.path / "run.json"
-    text = fake_matrix(modes=["segv", "perturb"], extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: segv}"))
-    result = run_matrix(text, "-k", "perturb", "--simplefsdp-confirm=2", f"--simplefsdp-json={out}",
-                        f"--simplefsdp-known-failures={kf}", "--simplefsdp-update-known-failures")
+    text = fake_matrix(
+        modes=["segv", "perturb"], extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: segv}")
+    )
+    result = run_matrix(
+        text,
+        "-k",
+        "perturb",
+        "--simplefsdp-confirm=2",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-known-failures={kf}",
+        "--simplefsdp-update-known-failures",
+    )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*perturb-r2: [[]infra[]] baseline baseline-segv-r2 failed: [[]crash[]]*SIGSEGV*",
-                                 "*not this cell's failure: baseline baseline-segv-r2 failed in every one of its 2 runs; "
-                                 "the cell itself ran once*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*perturb-r2: [[]infra[]] baseline baseline-segv-r2 failed: [[]crash[]]*SIGSEGV*",
+            "*not this cell's failure: baseline baseline-segv-r2 failed in every one of its 2 runs; "
+            "the cell itself ran once*",
+        ]
+    )
     cell = cells_of(out)["perturb-r2"]
     assert cell["culprit"] == "baseline baseline-segv-r2" and cell["failure_class"] == "infra"
-    assert cell["confirm"] == {"runs": 1, "culprit": "baseline baseline-segv-r2", "culprit_runs": 2, "culprit_passed": 0}
+    assert cell["confirm"] == {
+        "runs": 1,
+        "culprit": "baseline baseline-segv-r2",
+        "culprit_runs": 2,
+        "culprit_passed": 0,
+    }
     assert (pytester.path / "runs" / "fake" / "baseline-segv-r2" / "confirm2").is_dir()  # the baseline ran again
     assert not (pytester.path / "runs" / "fake" / "perturb-r2" / "confirm2").exists()  # the cell did not
     assert kf.read_text() == "[]\n"  # not filed as the cell's bug
@@ -79,9 +106,12 @@ def test_a_crashing_baseline_is_the_culprit_not_the_cell(run_matrix, pytester):
 def test_a_baseline_that_crashed_once_is_run_again_and_the_cell_judged_against_it(run_matrix, pytester):
     says = pytester.path / "says.txt"
     says.write_text("base flaky\n")  # the baseline fails its first run only
-    text = fake_matrix(modes=["base", "perturb"], args=', "--torchtitan-says"', extra=NUMERICS.replace(
-        "baseline: {mode: pass}", "baseline: {mode: base}").replace("rtol: 1.0e-5", "rtol: 0.1"))
-    text = text.replace("target:\n", f"target:\n  env: {{FAKE_TORCHTITAN_SAYS: \"{says}\"}}\n")
+    text = fake_matrix(
+        modes=["base", "perturb"],
+        args=', "--torchtitan-says"',
+        extra=NUMERICS.replace("baseline: {mode: pass}", "baseline: {mode: base}").replace("rtol: 1.0e-5", "rtol: 0.1"),
+    )
+    text = text.replace("target:\n", f'target:\n  env: {{FAKE_TORCHTITAN_SAYS: "{says}"}}\n')
     out = pytester.path / "run.json"
     result = run_matrix(text, "-k", "perturb", "--simplefsdp-confirm=2", f"--simplefsdp-json={out}")
     result.assert_outcomes(passed=1)
@@ -112,11 +142,14 @@ def test_compare_unit():
     assert not compare({1: float("nan"), 2: 1.5}, {1: 2.0, 2: 1.5}, close)[0]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("  global_batch_size: 8\n", "numerics.global_batch_size must be a positive integer"),
-    ("      rtol: 1.0e-5\n", None),
-    ("    - name: exact\n", None),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("  global_batch_size: 8\n", "numerics.global_batch_size must be a positive integer"),
+        ("      rtol: 1.0e-5\n", None),
+        ("    - name: exact\n", None),
+    ],
+)
 def test_numerics_block_errors(run_matrix, bad, message):
     broken = NUMERICS.replace("rtol: 1.0e-5", "rtol: -1") if message is None and "rtol" in bad else NUMERICS
     if "global" in bad:
@@ -129,11 +162,15 @@ def test_numerics_block_errors(run_matrix, bad, message):
     result.stderr.fnmatch_lines([f"*fake.yaml:*: {expected}*"])
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("      grad_steps: -1\n", "fake.yaml:24: lane 'close': grad_steps must be an integer >= 0, got -1"),
-    ("      grad_steps: 1.5\n", "fake.yaml:24: lane 'close': grad_steps must be an integer >= 0, got 1.5"),
-    ("      grad_rtol: -2\n", "fake.yaml:24: lane 'close': grad_rtol must be a number >= 0, got -2"),
-], ids=["grad_steps-negative", "grad_steps-not-integer", "grad_rtol-negative"])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("      grad_steps: -1\n", "fake.yaml:24: lane 'close': grad_steps must be an integer >= 0, got -1"),
+        ("      grad_steps: 1.5\n", "fake.yaml:24: lane 'close': grad_steps must be an integer >= 0, got 1.5"),
+        ("      grad_rtol: -2\n", "fake.yaml:24: lane 'close': grad_rtol must be a number >= 0, got -2"),
+    ],
+    ids=["grad_steps-negative", "grad_steps-not-integer", "grad_rtol-negative"],
+)
 def test_grad_lane_keys_are_checked(run_matrix, line, expected):
     broken = NUMERICS.replace("      atol: 1.0e-5\n", "      atol: 1.0e-5\n" + line)
     result = run_matrix(fake_matrix(modes=["pass", "perturb"], extra=broken))
@@ -156,8 +193,7 @@ numerics:
 
 
 def noise_file(loss, measured_on="{torch: 2.14.1}"):
-    return (f"measured_on: {measured_on}\nmargin: 5\nfloor: 1.0e-9\nlayouts:\n"
-            f"  perturb-r2: {{loss: {loss}}}\n")
+    return f"measured_on: {measured_on}\nmargin: 5\nfloor: 1.0e-9\nlayouts:\n  perturb-r2: {{loss: {loss}}}\n"
 
 
 def test_a_quiet_layout_gets_its_own_tolerance_from_its_measured_noise(run_matrix, pytester):
@@ -168,28 +204,42 @@ def test_a_quiet_layout_gets_its_own_tolerance_from_its_measured_noise(run_matri
     (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-6"))
     caught = run_matrix(text)
     caught.assert_outcomes(passed=1, failed=1)
-    caught.stdout.fnmatch_lines(["*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2*"
-                                 "lane close, layout noise x5: rtol 1e-05*"])
+    caught.stdout.fnmatch_lines(
+        [
+            "*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2*"
+            "lane close, layout noise x5: rtol 1e-05*"
+        ]
+    )
     (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-5"))  # as noisy as the bug: within 5x
     run_matrix(text).assert_outcomes(passed=2)
     (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-6", "{torch: 2.15.0}"))
     other = run_matrix(text)
     other.assert_outcomes(passed=2)  # measured on another torch: the lane's tolerance, and the summary says why
-    other.stdout.fnmatch_lines(["*1 cell judged by their lane, not their layout's noise: measured on torch 2.15.0; "
-                                "this run: torch 2.14.1*"])
+    other.stdout.fnmatch_lines(
+        ["*1 cell judged by their lane, not their layout's noise: measured on torch 2.15.0; this run: torch 2.14.1*"]
+    )
 
 
 def test_a_bad_noise_file_is_named_with_its_line(run_matrix, pytester):
-    (pytester.path / "fake.noise.yaml").write_text("measured_on: {}\nmargin: 5\nfloor: 1.0e-9\nlayouts:\n"
-                                                   "  perturb-r2: {loss: -1}\n")
+    (pytester.path / "fake.noise.yaml").write_text(
+        "measured_on: {}\nmargin: 5\nfloor: 1.0e-9\nlayouts:\n  perturb-r2: {loss: -1}\n"
+    )
     result = run_matrix(fake_matrix(modes=["pass", "perturb"], extra=NOISY))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*fake.noise.yaml:5: layout 'perturb-r2': a mapping of loss, grad_norm, "
-                                 "update_norm to numbers >= 0*"])
+    result.stderr.fnmatch_lines(
+        ["*fake.noise.yaml:5: layout 'perturb-r2': a mapping of loss, grad_norm, update_norm to numbers >= 0*"]
+    )
 
 
-SPR = {"aten": "AVX512", "mkl": "AUTO", "onednn": "ALL", "threads": "1", "model": "Intel(R) Xeon(R) Platinum 8481C",
-       "caches": {"L1": "48K", "L2": "2048K"}, "flags": ["amx_bf16", "avx2", "avx512_bf16", "avx512f", "fma"]}
+SPR = {
+    "aten": "AVX512",
+    "mkl": "AUTO",
+    "onednn": "ALL",
+    "threads": "1",
+    "model": "Intel(R) Xeon(R) Platinum 8481C",
+    "caches": {"L1": "48K", "L2": "2048K"},
+    "flags": ["amx_bf16", "avx2", "avx512_bf16", "avx512f", "fma"],
+}
 
 
 def test_a_noise_file_holds_only_on_the_machine_it_was_measured_on(tmp_path):
@@ -207,8 +257,13 @@ def test_a_noise_file_holds_only_on_the_machine_it_was_measured_on(tmp_path):
     assert narrowed(lane, noise, "c", ran, SPR).rtol == 1e-6  # bitwise where measured: the floor
     no_amx = {**SPR, "flags": ["avx2", "avx512_bf16", "avx512f", "fma"], "model": "Intel(R) Xeon(R) Gold 6338"}
     why = noise_applies(noise, ran, no_amx)
-    assert why.startswith("this run's CPU numerics differ from the machine measured: model 'Intel(R) Xeon(R) Gold "
-                          "6338' (measured: 'Intel(R) Xeon(R) Platinum 8481C'); flags ") and "amx_bf16" in why
+    assert (
+        why.startswith(
+            "this run's CPU numerics differ from the machine measured: model 'Intel(R) Xeon(R) Gold "
+            "6338' (measured: 'Intel(R) Xeon(R) Platinum 8481C'); flags "
+        )
+        and "amx_bf16" in why
+    )
     assert narrowed(lane, noise, "c", ran, no_amx) is lane  # elsewhere: the lane's own tolerance
     capped = {**SPR, "onednn": "AVX512_CORE_BF16"}  # another oneDNN ISA on the same CPU: other bf16 bits
     assert "onednn 'AVX512_CORE_BF16' (measured: 'ALL')" in noise_applies(noise, ran, capped)

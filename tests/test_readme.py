@@ -15,8 +15,9 @@ def examples():
     text = README.read_text()
     out = {}
     for m in re.finditer(r"<!-- readme-example: (\S+) -->\n(```\w*\n(.*?)```|((?:    [^\n]*\n)+))", text, re.S):
-        out[m.group(1)] = m.group(3) if m.group(3) is not None else "".join(
-            line[4:] + "\n" for line in m.group(4).splitlines())
+        out[m.group(1)] = (
+            m.group(3) if m.group(3) is not None else "".join(line[4:] + "\n" for line in m.group(4).splitlines())
+        )
     return out
 
 
@@ -33,8 +34,12 @@ def test_the_readme_example_of_a_command_target_runs_as_shown(pytester):
     table = re.search(r"and this table:\n\n((?:    .*\n)+)", said).group(1)
     for line in table.splitlines():  # the README's table, its times (and so its column widths) aside
         result.stdout.fnmatch_lines(["*".join(re.sub(r"\d+s\b", "*s", line).split())])
-    result.stdout.fnmatch_lines(["*dp2-sum: [[]xfailed numerics[]] known failure toy-summed-gradients *"
-                                 "loss differs from baseline dp1-mean at step 2*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*dp2-sum: [[]xfailed numerics[]] known failure toy-summed-gradients *"
+            "loss differs from baseline dp1-mean at step 2*"
+        ]
+    )
     # without the entry the same run is red
     (pytester.path / "known_failures.yaml").unlink()
     again = pytester.runpytest_subprocess(*argv[1:], "-p", "no:cacheprovider", timeout=600)

@@ -39,8 +39,13 @@ def test_a_k_run_says_how_many_cells_ran_and_never_calls_a_feature_done(run_matr
     from helpers import FAKE_RANK
 
     md, html = pytester.path / "status.md", pytester.path / "page.html"
-    result = run_matrix(TWELVE % FAKE_RANK, "-k", "llama3 and (eager or pp2) and not jit",
-                        f"--simplefsdp-status-md={md}", f"--simplefsdp-html={html}")
+    result = run_matrix(
+        TWELVE % FAKE_RANK,
+        "-k",
+        "llama3 and (eager or pp2) and not jit",
+        f"--simplefsdp-status-md={md}",
+        f"--simplefsdp-html={html}",
+    )
     result.assert_outcomes(passed=3)
     status = md.read_text()
     assert "## Profile twelve — 3 of 12 valid cells run (3 passed); 0 combinations n/a" in status
@@ -55,28 +60,35 @@ def test_a_k_run_says_how_many_cells_ran_and_never_calls_a_feature_done(run_matr
 def test_collect_only_dry_run_and_plan_write_no_report(run_matrix, pytester):
     """Every report option set (the ini keys too): --co, the dry run and the plan leave existing files as they were."""
     out = {name: pytester.path / name for name in ("s.md", "r.json", "page.html", "cov.md")}
-    run_matrix(fake_matrix(), *(f"--simplefsdp-{o}={out[n]}" for o, n in
-                                (("status-md", "s.md"), ("json", "r.json"), ("html", "page.html"))))
+    run_matrix(
+        fake_matrix(),
+        *(f"--simplefsdp-{o}={out[n]}" for o, n in (("status-md", "s.md"), ("json", "r.json"), ("html", "page.html"))),
+    )
     before = {n: p.read_bytes() for n, p in out.items() if p.exists()}
     assert set(before) == {"s.md", "r.json", "page.html"}
     runs = sorted((pytester.path / "runs").rglob("*"))
     pytester.makeini(f"[pytest]\nsimplefsdp_status_md = {out['s.md']}\nsimplefsdp_json = {out['r.json']}\n")
     for extra in (["--co"], ["--simplefsdp-dry-run"], ["--simplefsdp-plan"]):
-        result = run_matrix(fake_matrix(), *extra, f"--simplefsdp-html={out['page.html']}",
-                            f"--simplefsdp-coverage={out['cov.md']}")
+        result = run_matrix(
+            fake_matrix(), *extra, f"--simplefsdp-html={out['page.html']}", f"--simplefsdp-coverage={out['cov.md']}"
+        )
         assert result.ret in (0, 5), result.stdout.str()[-2000:]
         assert {n: p.read_bytes() for n, p in out.items() if p.exists()} == before, extra
         assert sorted((pytester.path / "runs").rglob("*")) == runs, extra  # no stored run touched
 
 
-@pytest.mark.parametrize("held", ["", "[]\n", "# only a comment\n", "# header\n[]  # none yet\n", KF],
-                         ids=["empty", "empty-list", "comment-only", "comment-and-list", "entries"])
+@pytest.mark.parametrize(
+    "held",
+    ["", "[]\n", "# only a comment\n", "# header\n[]  # none yet\n", KF],
+    ids=["empty", "empty-list", "comment-only", "comment-and-list", "entries"],
+)
 def test_the_update_command_leaves_a_file_the_next_run_accepts(run_matrix, pytester, held):
     kf = pytester.path / "kf.yaml"
     kf.write_text(held)
     modes = ["pass", "fail", "exit3"]
-    run_matrix(fake_matrix(modes=modes), f"--simplefsdp-known-failures={kf}",
-               "--simplefsdp-update-known-failures").stdout.fnmatch_lines(["*added fake-exit3 for 1 cell (link: 'TODO: *"])
+    run_matrix(
+        fake_matrix(modes=modes), f"--simplefsdp-known-failures={kf}", "--simplefsdp-update-known-failures"
+    ).stdout.fnmatch_lines(["*added fake-exit3 for 1 cell (link: 'TODO: *"])
     new = kf.read_text()
     for line in held.splitlines():
         if line.startswith("#"):
@@ -95,8 +107,12 @@ def test_a_green_run_says_its_numerics_and_evidence_in_a_few_lines_and_lists_the
     quiet = run_matrix(text)
     quiet.assert_outcomes(passed=4)
     out = quiet.stdout.str()
-    quiet.stdout.fnmatch_lines(["numerics: 4 cells compared with their baselines (2 bitwise equal, 2 within their "
-                                "tolerances)", "    (-v lists them per cell)"])
+    quiet.stdout.fnmatch_lines(
+        [
+            "numerics: 4 cells compared with their baselines (2 bitwise equal, 2 within their tolerances)",
+            "    (-v lists them per cell)",
+        ]
+    )
     assert " vs pass-r" not in out and "numerics (" not in out
     section = out.split("simplefsdp composability")[1]
     assert len(section.splitlines()) <= 14, section
@@ -104,7 +120,9 @@ def test_a_green_run_says_its_numerics_and_evidence_in_a_few_lines_and_lists_the
     verbose.stdout.fnmatch_lines(["numerics (*", "    pass-r2 vs pass-r2: lane exact*", "    perturb-r4 vs pass-r4*"])
 
 
-FLAKY_KF = KF.replace("fake-known", "fake-flaky").replace("mode: fail", "mode: pass").replace("kind: xfail", "kind: flaky")
+FLAKY_KF = (
+    KF.replace("fake-known", "fake-flaky").replace("mode: fail", "mode: pass").replace("kind: xfail", "kind: flaky")
+)
 
 
 def test_the_status_markdown_pastes_as_it_is(run_matrix, pytester):
@@ -113,15 +131,22 @@ def test_the_status_markdown_pastes_as_it_is(run_matrix, pytester):
     kf = pytester.path / "kf.yaml"
     kf.write_text(FLAKY_KF + KF)
     md = pytester.path / "out" / "status.md"
-    rule = "rules:\n  - name: exit3-on-two\n    drop_if: \"mode == 'exit3' and ranks == 4\"\n    reason: two ranks only\n"
-    run_matrix(fake_matrix(modes=["pass", "fail", "exit3"], ranks=(2, 4), extra=rule),
-               f"--simplefsdp-known-failures={kf}", f"--simplefsdp-status-md={md}").assert_outcomes(
-        passed=2, xfailed=2, failed=1)
+    rule = (
+        "rules:\n  - name: exit3-on-two\n    drop_if: \"mode == 'exit3' and ranks == 4\"\n    reason: two ranks only\n"
+    )
+    run_matrix(
+        fake_matrix(modes=["pass", "fail", "exit3"], ranks=(2, 4), extra=rule),
+        f"--simplefsdp-known-failures={kf}",
+        f"--simplefsdp-status-md={md}",
+    ).assert_outcomes(passed=2, xfailed=2, failed=1)
     first = run_matrix(fake_matrix(), f"--simplefsdp-json={pytester.path / 'old.json'}")
     assert first.ret == 0
-    again = run_matrix(fake_matrix(modes=["pass", "fail", "exit3"], ranks=(2, 4), extra=rule),
-                       f"--simplefsdp-known-failures={kf}", f"--simplefsdp-status-md={md}",
-                       f"--simplefsdp-compare={pytester.path / 'old.json'}")
+    again = run_matrix(
+        fake_matrix(modes=["pass", "fail", "exit3"], ranks=(2, 4), extra=rule),
+        f"--simplefsdp-known-failures={kf}",
+        f"--simplefsdp-status-md={md}",
+        f"--simplefsdp-compare={pytester.path / 'old.json'}",
+    )
     text = md.read_text()
     assert str(pytester.path) not in text, [line for line in text.splitlines() if str(pytester.path) in line]
     assert "judged against `../kf.yaml`" in text and "**Changes since `../old.json`:**" in text
@@ -135,8 +160,12 @@ def test_the_status_markdown_pastes_as_it_is(run_matrix, pytester):
 def test_a_plain_run_writes_its_page_beside_its_records_and_says_where(run_matrix, pytester):
     result = run_matrix(fake_matrix(modes=["pass", "fail"]))
     page = pytester.path / "runs" / "index.html"
-    result.stdout.fnmatch_lines(["results: runs/results.jsonl",  # (relative to the rootdir, as pytest's paths)
-                                 "html page: runs/index.html (--simplefsdp-html=PATH writes it elsewhere*"])
+    result.stdout.fnmatch_lines(
+        [
+            "results: runs/results.jsonl",  # (relative to the rootdir, as pytest's paths)
+            "html page: runs/index.html (--simplefsdp-html=PATH writes it elsewhere*",
+        ]
+    )
     text = page.read_text()
     assert "fail-r2" in text and "RuntimeError: fake failure on purpose" in text
 
@@ -163,8 +192,14 @@ def test_a_drafted_entry_names_the_values_of_an_axis_its_cells_differ_on(tmp_pat
     from pytest_simplefsdp.judge.update import drafts, update_file
 
     def cell(tp, pp):
-        return CellResult(f"tp{tp}-pp{pp}", {"tp": tp, "pp": pp}, status="failed", failure_class="runtime",
-                          error_line="boom", signature="boom")
+        return CellResult(
+            f"tp{tp}-pp{pp}",
+            {"tp": tp, "pp": pp},
+            status="failed",
+            failure_class="runtime",
+            error_line="boom",
+            signature="boom",
+        )
 
     failing = [cell(2, 2), cell(4, 2)]
     passing = [{"tp": t, "pp": p} for t, p in ((1, 1), (1, 2), (2, 1), (4, 1))]
@@ -187,11 +222,17 @@ def test_the_update_never_replaces_the_file_with_one_that_would_not_load(tmp_pat
 
     kf = tmp_path / "kf.yaml"
     kf.write_text(KF)
-    result = CellResult("c", {"mode": "x"}, status="failed", failure_class="runtime", error_line="boom",
-                        signature="boom")
+    result = CellResult(
+        "c", {"mode": "x"}, status="failed", failure_class="runtime", error_line="boom", signature="boom"
+    )
     with pytest.raises(MatrixError):  # the check refuses the new text: the old file stays byte for byte
-        update_file(kf, [Draft("fake", [result], [("mode", "x")])], set(), "2026-12-03",
-                    check=lambda p: load_known_failures(p, {"no-such-axis"}))
+        update_file(
+            kf,
+            [Draft("fake", [result], [("mode", "x")])],
+            set(),
+            "2026-12-03",
+            check=lambda p: load_known_failures(p, {"no-such-axis"}),
+        )
     assert kf.read_text() == KF and not list(tmp_path.glob(".kf.yaml.*"))
 
 
@@ -199,9 +240,26 @@ def test_a_known_flaky_cell_that_flips_is_a_flip_never_newly_broken_or_fixed():
     from pytest_simplefsdp.report.compare import compare_runs
 
     meta = {"profile": "p"}
+
     def run(status, cls):
-        return {"runs": [{"meta": meta, "cells": [{"id": "c", "status": status, "failure_class": cls, "flaky": True,
-                                                   "known_failure": "f", "signature": "boom"}]}]}
+        return {
+            "runs": [
+                {
+                    "meta": meta,
+                    "cells": [
+                        {
+                            "id": "c",
+                            "status": status,
+                            "failure_class": cls,
+                            "flaky": True,
+                            "known_failure": "f",
+                            "signature": "boom",
+                        }
+                    ],
+                }
+            ]
+        }
+
     assert compare_runs(run("passed", None), run("xfailed", "crash")) == {"p::c": "flaky flip"}
     assert compare_runs(run("xfailed", "crash"), run("passed", None)) == {"p::c": "flaky flip"}
 
@@ -210,8 +268,9 @@ def test_the_report_tool_judges_with_the_runs_own_file_says_so_and_gates(run_mat
     kf = pytester.path / "mine.yaml"
     kf.write_text(KF)
     js = pytester.path / "run.json"
-    run_matrix(fake_matrix(modes=["pass", "fail", "exit3"]), f"--simplefsdp-known-failures={kf}",
-               f"--simplefsdp-json={js}")
+    run_matrix(
+        fake_matrix(modes=["pass", "fail", "exit3"]), f"--simplefsdp-known-failures={kf}", f"--simplefsdp-json={js}"
+    )
     assert run_doc(js)["meta"]["known_failures"]["path"] == str(kf.resolve())
     proc = report_tool(js)
     assert proc.returncode == 0 and f"re-judged against {kf.resolve()}, the file that judged the run" in proc.stderr
@@ -222,13 +281,19 @@ def test_the_report_tool_judges_with_the_runs_own_file_says_so_and_gates(run_mat
     assert "(changed since: it no longer has the bytes that judged the run)" in report_tool(js).stderr
 
 
-HOSTILE = "RuntimeError: <script>alert(1)</script> | <img src=x onerror=alert(2)> **bold** [x](javascript:alert(3)) `tick`"
+HOSTILE = (
+    "RuntimeError: <script>alert(1)</script> | <img src=x onerror=alert(2)> **bold** [x](javascript:alert(3)) `tick`"
+)
 
 
 def test_text_from_a_rank_is_data_in_markdown_page_and_junit(run_matrix, pytester):
     md, html, xml = pytester.path / "s.md", pytester.path / "page.html", pytester.path / "junit.xml"
-    run_matrix(fake_matrix(modes=["fail"], args=', "--error", %s' % json.dumps(HOSTILE)),
-               f"--simplefsdp-status-md={md}", f"--simplefsdp-html={html}", f"--junitxml={xml}")
+    run_matrix(
+        fake_matrix(modes=["fail"], args=', "--error", %s' % json.dumps(HOSTILE)),
+        f"--simplefsdp-status-md={md}",
+        f"--simplefsdp-html={html}",
+        f"--junitxml={xml}",
+    )
     status = md.read_text()
     assert f"`` {HOSTILE} ``" in status  # a code span (a fence longer than the backtick inside): shown, not rendered
     page = html.read_text()
@@ -247,9 +312,15 @@ def test_which_combination_fails_on_a_grid_where_the_answer_is_known():
         for pp in (1, 2):
             for compile_ in ("eager", "aot_fx_trace", "jit"):
                 bad = pp == 2 and compile_ == "aot_fx_trace"
-                cells.append({"id": f"{model}-{pp}-{compile_}", "axes": {"model": model, "pp": pp, "compile": compile_},
-                              "status": "failed" if bad else "passed", "failure_class": "compile" if bad else None,
-                              "signature": "dynamic shapes: Eq(uN + uN, N)" if bad else ""})
+                cells.append(
+                    {
+                        "id": f"{model}-{pp}-{compile_}",
+                        "axes": {"model": model, "pp": pp, "compile": compile_},
+                        "status": "failed" if bad else "passed",
+                        "failure_class": "compile" if bad else None,
+                        "signature": "dynamic shapes: Eq(uN + uN, N)" if bad else "",
+                    }
+                )
     found = failing_combinations({"cells": cells})
     assert len(found) == 1 and found[0].label() == "pp=2 + compile=aot_fx_trace" and found[0].separated
     assert sorted(found[0].cells) == ["deepseek_v3-2-aot_fx_trace", "llama3-2-aot_fx_trace"]
@@ -267,15 +338,22 @@ def test_which_combination_fails_names_every_axis_the_failure_needs_when_no_neig
     for dp, tp in ((d, t) for d in (1, 2) for t in (1, 2, 4)):
         for pp in (1, 2):
             for compile_, mp in (("eager", "none"), ("aot_fx_trace", "mp_default")):
-                axes = {"model": "llama3", "dp_shard": dp, "tp": tp, "pp": pp, "compile": compile_,
-                        "memory_policy": mp}
+                axes = {"model": "llama3", "dp_shard": dp, "tp": tp, "pp": pp, "compile": compile_, "memory_policy": mp}
                 bad = tp > 1 and pp == 2 and compile_ == "aot_fx_trace"
                 loss = {(1, 2): "10.7", (2, 2): "1.5e+12"}.get((dp, tp), "nan")
-                cells.append({"id": f"dp{dp}-tp{tp}-pp{pp}-{compile_}", "axes": axes,
-                              "status": "failed" if bad else "passed", "failure_class": "numerics" if bad else None,
-                              "error_line": f"loss is {loss} at step 2" if bad else None})
+                cells.append(
+                    {
+                        "id": f"dp{dp}-tp{tp}-pp{pp}-{compile_}",
+                        "axes": axes,
+                        "status": "failed" if bad else "passed",
+                        "failure_class": "numerics" if bad else None,
+                        "error_line": f"loss is {loss} at step 2" if bad else None,
+                    }
+                )
     found = failing_combinations({"cells": cells})
-    assert [(c.label(), len(c.cells), c.separated) for c in found] == [("tp=2|4 + pp=2 + compile=aot_fx_trace", 4, True)]
+    assert [(c.label(), len(c.cells), c.separated) for c in found] == [
+        ("tp=2|4 + pp=2 + compile=aot_fx_trace", 4, True)
+    ]
     only_tp2 = [c for c in cells if c["axes"]["tp"] != 4]
     assert [c.label() for c in failing_combinations({"cells": only_tp2})] == ["tp=2 + pp=2 + compile=aot_fx_trace"]
 
@@ -284,10 +362,16 @@ def test_options_only_a_matrix_run_reads_are_refused_without_it(pytester):
     pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
     result = pytester.runpytest_subprocess("--simplefsdp-json=x.json", "--simplefsdp-matrix-file=m.yaml")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--simplefsdp-matrix-file, --simplefsdp-json: only a matrix run reads these options;"
-                                 " add --simplefsdp-matrix*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*--simplefsdp-matrix-file, --simplefsdp-json: only a matrix run reads these options;"
+            " add --simplefsdp-matrix*"
+        ]
+    )
     help_ = pytester.runpytest_subprocess("--help").stdout.str()
-    assert "--simplefsdp-json=PATH" in help_ and "--simplefsdp-timeout=SECONDS" in help_ and "SIMPLEFSDP_JSON" not in help_
+    assert (
+        "--simplefsdp-json=PATH" in help_ and "--simplefsdp-timeout=SECONDS" in help_ and "SIMPLEFSDP_JSON" not in help_
+    )
     for profile in ("cpu", "h100x8", "h100x4", "titan02-cpu", "titan02-h100x8", "titan02-h100x4", "upstream"):
         assert profile in help_
 
@@ -295,10 +379,14 @@ def test_options_only_a_matrix_run_reads_are_refused_without_it(pytester):
 def test_a_bare_compare_takes_the_newest_stored_run_of_the_profile_and_names_it(run_matrix, pytester):
     first = pytester.path / ".simplefsdp" / "runs"
     run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-artifacts={first / '20260101-000000'}")
-    result = run_matrix(fake_matrix(modes=["pass", "fail"]), "--simplefsdp-compare",
-                        f"--simplefsdp-artifacts={first / '20260101-000100'}")
-    result.stdout.fnmatch_lines([f"*simplefsdp: changes since {first / '20260101-000000' / 'results.jsonl'}*",
-                                 "no cell changed"])
+    result = run_matrix(
+        fake_matrix(modes=["pass", "fail"]),
+        "--simplefsdp-compare",
+        f"--simplefsdp-artifacts={first / '20260101-000100'}",
+    )
+    result.stdout.fnmatch_lines(
+        [f"*simplefsdp: changes since {first / '20260101-000000' / 'results.jsonl'}*", "no cell changed"]
+    )
 
 
 def test_the_running_cells_line_says_how_long_it_has_run_against_its_expected_time(run_matrix, pytester):
@@ -306,8 +394,7 @@ def test_the_running_cells_line_says_how_long_it_has_run_against_its_expected_ti
     pytester.makeconftest("from pytest_simplefsdp.session import controller\ncontroller.Ticker.PLAIN_S = 1.0\n")
     result = run_matrix(fake_matrix(args=', "--startup", "3"'))
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["    fake.yaml::pass-r2: running *s of ~*s expected",
-                                 "fake.yaml::pass-r2 PASSED *"])
+    result.stdout.fnmatch_lines(["    fake.yaml::pass-r2: running *s of ~*s expected", "fake.yaml::pass-r2 PASSED *"])
 
 
 def test_the_running_cells_line_says_what_it_waits_for(run_matrix, pytester):
@@ -316,9 +403,13 @@ def test_the_running_cells_line_says_what_it_waits_for(run_matrix, pytester):
     text = fake_matrix(modes=["pass", "perturb"], args=', "--startup", "3", "--delta", "0.5"', extra=NUMERICS)
     result = run_matrix(text, "-k", "perturb", "--simplefsdp-confirm=2")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["    fake.yaml::perturb-r2: running *s of ~*s expected: its baseline for *s",
-                                 "    fake.yaml::perturb-r2: running *s of ~*s expected: confirming run 2 of 2 for *s",
-                                 "fake.yaml::perturb-r2 FAILED *"])
+    result.stdout.fnmatch_lines(
+        [
+            "    fake.yaml::perturb-r2: running *s of ~*s expected: its baseline for *s",
+            "    fake.yaml::perturb-r2: running *s of ~*s expected: confirming run 2 of 2 for *s",
+            "fake.yaml::perturb-r2 FAILED *",
+        ]
+    )
 
 
 @pytest.fixture
@@ -330,9 +421,23 @@ def browser():
 
 
 def headless(browser, tmp_path, *args):
-    return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                           "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-                           *args], capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+    return subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
 
 
 def test_the_page_puts_failures_first_in_a_real_browser(run_matrix, pytester, browser, tmp_path):
@@ -342,23 +447,30 @@ def test_the_page_puts_failures_first_in_a_real_browser(run_matrix, pytester, br
     kf = pytester.path / "kf.yaml"
     kf.write_text(KF)
     page = pytester.path / "page.html"
-    text = fake_matrix(modes=["pass", "fail", "exit3"], extra=textwrap.dedent("""\
+    text = (
+        fake_matrix(
+            modes=["pass", "fail", "exit3"],
+            extra=textwrap.dedent("""\
         rules:
           - {name: no-exit3-on-4, drop_if: "mode == 'exit3' and ranks == 4", reason: exit3 runs on 2 ranks only}
-        """)).replace("ranks: [2]", "ranks: [2, 4]").replace("world_sizes: [2]", "world_sizes: [2, 4]")
+        """),
+        )
+        .replace("ranks: [2]", "ranks: [2, 4]")
+        .replace("world_sizes: [2]", "world_sizes: [2, 4]")
+    )
     run_matrix(text, f"--simplefsdp-known-failures={kf}", f"--simplefsdp-html={page}")
     shot = pytester.path / "page.png"
     assert headless(browser, tmp_path, f"--screenshot={shot}", "--window-size=1280,900", page.as_uri()).returncode == 0
     assert shot.stat().st_size > 10_000
     dom = headless(browser, tmp_path, "--dump-dom", page.as_uri()).stdout
-    assert dom.index("id=\"failures\"") < dom.index("id=\"cells\"")  # failures first, then the cells
-    new = dom[dom.index("id=\"failures-new\""):]
-    assert "fake::exit3-r2" in new and "fake::exit3-r4" not in dom.split("id=\"failures-known\"")[0]
-    known = dom[dom.index("id=\"failures-known\""):]
+    assert dom.index('id="failures"') < dom.index('id="cells"')  # failures first, then the cells
+    new = dom[dom.index('id="failures-new"') :]
+    assert "fake::exit3-r2" in new and "fake::exit3-r4" not in dom.split('id="failures-known"')[0]
+    known = dom[dom.index('id="failures-known"') :]
     assert "fake-known" in known and "https://github.com/pytorch/torchtitan/pull/1529" in known
     assert 'title="n/a: rule no-exit3-on-4: exit3 runs on 2 ranks only"' in dom
     filtered = headless(browser, tmp_path, "--dump-dom", page.as_uri() + "#only=failed").stdout
-    passed_detail = filtered[filtered.index('id="cell-pass-r2"'):].split(">", 1)[0]
+    passed_detail = filtered[filtered.index('id="cell-pass-r2"') :].split(">", 1)[0]
     assert "hidden" in passed_detail  # the passing cell's details are hidden by the filter
-    failed_detail = filtered[filtered.index('id="cell-exit3-r2"'):].split(">", 1)[0]
+    failed_detail = filtered[filtered.index('id="cell-exit3-r2"') :].split(">", 1)[0]
     assert "hidden" not in failed_detail

@@ -2,19 +2,33 @@
 
 import pytest
 
-from helpers import DATA
-from pytest_simplefsdp.judge.results import (CRASH_HINT, cell_losses, classify, fallback_error, last_exception,
-                                             parse_losses, read_text)
 from pytest_simplefsdp.judge.known import signature
+from pytest_simplefsdp.judge.results import (
+    CRASH_HINT,
+    cell_losses,
+    classify,
+    fallback_error,
+    last_exception,
+    parse_losses,
+    read_text,
+)
+
+from helpers import DATA
 
 
-@pytest.mark.parametrize("log, line, cls", [
-    ("titan02_hop_side_effect.log", "torch._dynamo.exc.Unsupported: HOP: Unsafe side effect", "compile"),
-    # an eager cell: `torch._disable_dynamo` wrappers put eval_frame.py on its stack; still not compile
-    ("titan02_eager_ac_batch_mismatch.log", "RuntimeError: matrix batch sizes have to match", "runtime"),
-    ("titan03_graphpp_none_grad.log", "TypeError: _dtensor__new__(): argument 'local_tensor' (position 2) must be "
-                                      "Tensor, not NoneType", "runtime"),
-])
+@pytest.mark.parametrize(
+    "log, line, cls",
+    [
+        ("titan02_hop_side_effect.log", "torch._dynamo.exc.Unsupported: HOP: Unsafe side effect", "compile"),
+        # an eager cell: `torch._disable_dynamo` wrappers put eval_frame.py on its stack; still not compile
+        ("titan02_eager_ac_batch_mismatch.log", "RuntimeError: matrix batch sizes have to match", "runtime"),
+        (
+            "titan03_graphpp_none_grad.log",
+            "TypeError: _dtensor__new__(): argument 'local_tensor' (position 2) must be Tensor, not NoneType",
+            "runtime",
+        ),
+    ],
+)
 def test_exception_line_and_class_from_real_logs(log, line, cls):
     text = read_text([DATA / log])
     assert "[rank" not in text.split("Traceback")[1][:200]  # torchrun's per-line prefix is gone
@@ -36,8 +50,9 @@ def test_dynamo_message_with_double_blank_lines_keeps_the_user_code():
     """torch 2.10 puts two blank lines between dynamo's sections; the trigger line is at the end."""
     text = read_text([DATA / "titan02_hop_side_effect_torch210.log"])
     first, message, _ = last_exception(text)
-    assert first == ("torch._dynamo.exc.Unsupported: HigherOrderOperator: Mutating a variable not in the current "
-                     "scope (SideEffects)")
+    assert first == (
+        "torch._dynamo.exc.Unsupported: HigherOrderOperator: Mutating a variable not in the current scope (SideEffects)"
+    )
     assert "gb0067" in message and "from user code:" in message
     assert message.rstrip().endswith("self.input_splits = input_splits.tolist()")
     assert "TORCHDYNAMO_VERBOSE" not in message
@@ -51,8 +66,10 @@ def test_native_crash_hint_and_losses():
 
 
 def test_losses_with_colours_nan_and_repeats():
-    text = ("\x1b[31mstep:  1  loss:  8.09302  grad_norm: 1\x1b[39m\n"
-            "step:  1  loss:  9.00000\nstep:  2  loss:     nan  grad_norm: nan\n")
+    text = (
+        "\x1b[31mstep:  1  loss:  8.09302  grad_norm: 1\x1b[39m\n"
+        "step:  1  loss:  9.00000\nstep:  2  loss:     nan  grad_norm: nan\n"
+    )
     losses = parse_losses(read_text([]) + text)
     assert losses[1] == 8.09302 and losses[2] != losses[2]
 
@@ -70,18 +87,20 @@ def test_pp_stages_without_the_loss_are_not_the_cell_losses():
 def test_a_heap_abort_names_glibcs_message_and_where_python_was():
     """A torchtitan 0.2 EP cell (gloo all_to_all) died of SIGABRT after glibc's heap check; the record said only
     "rank 0 killed by SIGABRT". It now carries the message and faulthandler's innermost frames."""
-    from pytest_simplefsdp.spec.cells import Cell
-    from pytest_simplefsdp.launch.spec import LaunchOutcome
     from pytest_simplefsdp.judge.results import build_result
+    from pytest_simplefsdp.launch.spec import LaunchOutcome
+    from pytest_simplefsdp.spec.cells import Cell
 
     log = DATA / "titan02_ep_heap_abort.log"
     outcome = LaunchOutcome(exit_codes={0: -6, 1: -15}, first_failed_rank=0, rank_logs={0: [str(log)]})
     res = build_result(Cell("ep-eager", {"mode": "x"}, 2, False, "m.yaml:1"), outcome, log.parent)
     assert res.failure_class == "crash" and res.failing_rank == 0
     assert res.error_line == "rank 0 killed by SIGABRT: malloc(): unaligned tcache chunk detected"
-    assert ("Python was in (faulthandler): torch/_ops.py:1209 __call__ <- torch/distributed/_functional_collectives.py"
-            ":540 all_to_all_single_autograd <- torchtitan/distributed/expert_parallel.py:110 _token_dispatch"
-            in res.error_text)
+    assert (
+        "Python was in (faulthandler): torch/_ops.py:1209 __call__ <- torch/distributed/_functional_collectives.py"
+        ":540 all_to_all_single_autograd <- torchtitan/distributed/expert_parallel.py:110 _token_dispatch"
+        in res.error_text
+    )
 
 
 def test_a_framed_cli_refusal_is_the_error_line_not_its_frame():

@@ -17,8 +17,9 @@ def test_a_baseline_job_is_kept_and_used_again_until_an_input_changes_or_the_run
 
     def run(n, *args):
         out = pytester.path / f"run{n}.json"
-        result = run_matrix(text, f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / f'runs{n}'}",
-                            *args)
+        result = run_matrix(
+            text, f"--simplefsdp-json={out}", f"--simplefsdp-artifacts={pytester.path / f'runs{n}'}", *args
+        )
         return result, run_doc(out)
 
     result, doc = run(1, "-k", "perturb")  # pass-r2 is not selected: its baseline job runs on its own
@@ -28,14 +29,17 @@ def test_a_baseline_job_is_kept_and_used_again_until_an_input_changes_or_the_run
     assert len(kept) == 1 and (kept[0] / "reuse.json").is_file() and (kept[0] / "evidence").is_dir()
 
     dry = run_matrix(text, "--simplefsdp-dry-run", "-k", "perturb")
-    dry.stdout.fnmatch_lines(["*::baseline-pass-r2 *baseline of 1 cell: perturb-r2  (kept from an earlier run: "
-                              "not run again)"])
+    dry.stdout.fnmatch_lines(
+        ["*::baseline-pass-r2 *baseline of 1 cell: perturb-r2  (kept from an earlier run: not run again)"]
+    )
 
     # unfinished folders a killed session left (its pid is gone) are swept; a live process's folder stays
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     host = platform.node()
-    dead, live, other = (reuse / f".seed-llama3~{h}~{pid}~0a1b2c3d" for h, pid in
-                         [(host, gone.stdout.strip()), (host, os.getpid()), ("elsewhere", gone.stdout.strip())])
+    dead, live, other = (
+        reuse / f".seed-llama3~{h}~{pid}~0a1b2c3d"
+        for h, pid in [(host, gone.stdout.strip()), (host, os.getpid()), ("elsewhere", gone.stdout.strip())]
+    )
     for folder in (dead, live, other):
         folder.mkdir()
     result, doc = run(2, "-k", "perturb")
@@ -73,9 +77,13 @@ def test_every_record_says_which_launcher_ran_it(run_matrix, pytester):
     result = run_matrix(fake_matrix(modes=["pass"]), f"--simplefsdp-json={out}", launcher="auto")
     result.assert_outcomes(passed=1)
     # the header names the launcher that will run the cells, and why it is not the one asked for
-    result.stdout.fnmatch_lines(["simplefsdp: fake.yaml profile=fake * launcher=local (fork runs this target's program "
-                                 "under local; auto's choice for cpu cells)",
-                                 "*simplefsdp matrix fake.yaml (profile fake, target command, launcher local (asked: fork))*"])
+    result.stdout.fnmatch_lines(
+        [
+            "simplefsdp: fake.yaml profile=fake * launcher=local (fork runs this target's program "
+            "under local; auto's choice for cpu cells)",
+            "*simplefsdp matrix fake.yaml (profile fake, target command, launcher local (asked: fork))*",
+        ]
+    )
     doc = run_doc(out)
     # a script is not `python -m module`: the fork launcher hands it to the local one, and the record says so
     assert doc["meta"]["launcher"] == "fork" and doc["cells"][0]["launcher"] == "local"

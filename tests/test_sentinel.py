@@ -21,8 +21,9 @@ def main_repo(tmp_path, monkeypatch):
         pytest.skip("uv is not installed (pip install uv; tox installs it)")
     repo = tmp_path / "torchtitan-checkout"
     fake_checkout(repo)
-    subprocess.run([*GIT, "-C", str(repo), "remote", "add", "origin", "git@github.com:pytorch/torchtitan.git"],
-                   check=True)
+    subprocess.run(
+        [*GIT, "-C", str(repo), "remote", "add", "origin", "git@github.com:pytorch/torchtitan.git"], check=True
+    )
     monkeypatch.setenv("UV_NO_INDEX", "1")  # (offline: uv's own build backend needs no index)
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     return repo
@@ -37,19 +38,25 @@ def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unatte
     repo = main_repo
     good = says(repo, "", "main, green")
     text = fake_matrix(modes=["pass", "regress", "always"], args=', "--torchtitan-says"')
-    text = text.replace("target:\n", f"target:\n  env: {{FAKE_TORCHTITAN_SAYS: \"{pytester.path / 'none.txt'}\"}}\n")
+    text = text.replace("target:\n", f'target:\n  env: {{FAKE_TORCHTITAN_SAYS: "{pytester.path / "none.txt"}"}}\n')
     folder = pytester.path / "nightly"
 
     def nightly(commit):
-        return run_matrix(text, f"--simplefsdp-sentinel={folder}", f"--simplefsdp-versions=torchtitan@{commit}",
-                          f"--simplefsdp-torchtitan-repo={repo}", "--simplefsdp-confirm=2")
+        return run_matrix(
+            text,
+            f"--simplefsdp-sentinel={folder}",
+            f"--simplefsdp-versions=torchtitan@{commit}",
+            f"--simplefsdp-torchtitan-repo={repo}",
+            "--simplefsdp-confirm=2",
+        )
 
     first = nightly(good)
     first.assert_outcomes(passed=3)
     first.stdout.fnmatch_lines(["*simplefsdp sentinel*", "the first nightly here: its outcomes are the state*"])
     state = json.loads((folder / "nightly.json").read_text())
     assert {k: v["status"] for k, v in state["cells"].items()} == {
-        f"fake::{m}-r2": "passed" for m in ("pass", "regress", "always")}
+        f"fake::{m}-r2": "passed" for m in ("pass", "regress", "always")
+    }
     harmless = says(repo, "", "harmless")
     planted = says(repo, "regress\nalways\n", "the regression")
     head = says(repo, "regress\nalways\n", "after it")
@@ -67,8 +74,13 @@ def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unatte
     draft = (out / "known_failures.draft.yaml").read_text()
     assert f"first_failing: {{torchtitan: {planted}}}" in draft and f"last_passing: {{torchtitan: {harmless}}}" in draft
     assert f"torchtitan_commit: '>={planted}'" in draft and "link: 'TODO: the upstream issue'" in draft
-    second.stdout.fnmatch_lines(["*simplefsdp sentinel*", "2 cell(s) turned red since the last nightly (*), 1 bug(s)",
-                                 f"bug 1: 2 cell(s), *: regressed in @{planted} (last good @{harmless})*"])
+    second.stdout.fnmatch_lines(
+        [
+            "*simplefsdp sentinel*",
+            "2 cell(s) turned red since the last nightly (*), 1 bug(s)",
+            f"bug 1: 2 cell(s), *: regressed in @{planted} (last good @{harmless})*",
+        ]
+    )
     # the state moved on: the red cells keep the versions they last passed on; a third nightly, still red, is no news
     red = state["cells"]["fake::regress-r2"]
     assert red["status"] == "failed" and red["green"]["torchtitan_commit"] == good

@@ -18,10 +18,25 @@ def test_a_fork_server_killed_mid_run_is_named_and_the_report_is_whole(pytester)
     matrix = pytester.path / "fake.yaml"
     matrix.write_text(module_matrix(["pass", "perturb", "fail"], args=', "--startup", "4"', timeout=60))
     out = pytester.path / "run.json"
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--simplefsdp-matrix", f"--simplefsdp-matrix-file={matrix}",
-                             "--simplefsdp-launcher=fork", f"--simplefsdp-json={out}", "--simplefsdp-confirm=1",
-                             f"--simplefsdp-artifacts={pytester.path / 'runs'}", "-p", "no:cacheprovider"],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--simplefsdp-matrix",
+            f"--simplefsdp-matrix-file={matrix}",
+            "--simplefsdp-launcher=fork",
+            f"--simplefsdp-json={out}",
+            "--simplefsdp-confirm=1",
+            f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # the second cell's ranks are up: kill the server under them
@@ -79,7 +94,9 @@ def test_a_bug_of_the_plugin_on_one_cell_is_recorded_and_the_others_run(run_matr
     cells = cells_of(out)
     assert list(cells) == ["pass-r2", "fail-r2", "nan-r2"]
     assert cells["fail-r2"]["failure_class"] == "infra"
-    assert cells["fail-r2"]["error_line"] == ("pytest-simplefsdp failed on this cell: ValueError: a bug in the harness, "
-                                              "not in the cell")
-    result.stdout.fnmatch_lines(["*ValueError: a bug in the harness, not in the cell*",
-                                 "*3 of 3 valid cells run (2 failed, 1 passed)*"])
+    assert cells["fail-r2"]["error_line"] == (
+        "pytest-simplefsdp failed on this cell: ValueError: a bug in the harness, not in the cell"
+    )
+    result.stdout.fnmatch_lines(
+        ["*ValueError: a bug in the harness, not in the cell*", "*3 of 3 valid cells run (2 failed, 1 passed)*"]
+    )

@@ -18,12 +18,16 @@ def run_python(code, **env):
 def test_shim_says_what_it_applied_and_honours_skips():
     out = run_python("pass", SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP="cpu_sdpa_saved")
     assert out.returncode == 0, out.stderr
-    assert ("[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,"
-            "dram_bandwidth_constant,fsdp2_sum_reduction,end_of_run_sleep; skipped: cpu_sdpa_saved") in out.stderr
+    assert (
+        "[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,"
+        "dram_bandwidth_constant,fsdp2_sum_reduction,end_of_run_sleep; skipped: cpu_sdpa_saved"
+    ) in out.stderr
 
 
-SLEEP_CHECK = ("import time, torchtitan.trainer as t; start = time.monotonic(); t.time.sleep(2); "
-               "print(t.time is time, time.monotonic() - start >= 2, t.time.perf_counter() > 0)")
+SLEEP_CHECK = (
+    "import time, torchtitan.trainer as t; start = time.monotonic(); t.time.sleep(2); "
+    "print(t.time is time, time.monotonic() - start >= 2, t.time.perf_counter() > 0)"
+)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan.trainer") is None, reason="needs torchtitan 0.3")
@@ -36,10 +40,13 @@ def test_the_end_of_run_sleep_patch_skips_only_the_trainers_sleep_and_can_be_swi
     assert out.stdout.split() == ["True", "True", "True"], out.stderr
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"SIMPLEFSDP_CPU_SHIM": "titan99"}, "SIMPLEFSDP_CPU_SHIM='titan99': known patch sets: titan03, titan02"),
-    ({"SIMPLEFSDP_CPU_SHIM": "titan02", "SIMPLEFSDP_CPU_SHIM_SKIP": "nope"}, "names unknown patches ['nope']"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"SIMPLEFSDP_CPU_SHIM": "titan99"}, "SIMPLEFSDP_CPU_SHIM='titan99': known patch sets: titan03, titan02"),
+        ({"SIMPLEFSDP_CPU_SHIM": "titan02", "SIMPLEFSDP_CPU_SHIM_SKIP": "nope"}, "names unknown patches ['nope']"),
+    ],
+)
 def test_bad_shim_settings_stop_the_rank(env, message):
     out = run_python("pass", **env)
     assert out.returncode != 0 and message in out.stderr
@@ -51,7 +58,9 @@ def test_without_the_shim_setting_nothing_is_patched():
 
 
 def test_device_type_patch_makes_torch_answer_cpu():
-    out = run_python("import torch._utils; print(torch._utils._get_available_device_type())", SIMPLEFSDP_CPU_SHIM="titan03")
+    out = run_python(
+        "import torch._utils; print(torch._utils._get_available_device_type())", SIMPLEFSDP_CPU_SHIM="titan03"
+    )
     assert out.stdout.strip() == "cpu", out.stderr
 
 
@@ -108,10 +117,12 @@ def test_cpu_grouped_mm_matches_per_expert_matmuls():
 def test_fsdp2_reduces_with_sum_on_cpu(skip, op):
     """Gloo has no AVG or PREMUL_SUM (the FSDP2 reference cells failed with "Cannot use ReduceOp.PREMUL_SUM
     with Gloo"): on CPU the patch makes FSDP2 sum and divide after; GPUs keep their reduction."""
-    code = ("import torch; from torch.distributed.fsdp._fully_shard import _fsdp_collectives as c\n"
-            "group = type('Group', (), {'size': lambda self: 2})()\n"
-            "print(c._get_gradient_divide_factors(group, None, torch.float32, 'cpu')[2], "
-            "c._get_gradient_divide_factors(group, None, torch.float32, 'cuda')[2])")
+    code = (
+        "import torch; from torch.distributed.fsdp._fully_shard import _fsdp_collectives as c\n"
+        "group = type('Group', (), {'size': lambda self: 2})()\n"
+        "print(c._get_gradient_divide_factors(group, None, torch.float32, 'cpu')[2], "
+        "c._get_gradient_divide_factors(group, None, torch.float32, 'cuda')[2])"
+    )
     out = run_python(code, SIMPLEFSDP_CPU_SHIM="titan03", SIMPLEFSDP_CPU_SHIM_SKIP=skip)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [f"RedOpType.{op}", "RedOpType.AVG"], out.stdout
@@ -178,8 +189,9 @@ def test_the_grad_probe_reads_full_tensors_with_a_few_batched_collectives(tmp_pa
     script = tmp_path / "probe.py"
     script.write_text(PROBE_CODE)
     full = dict(os.environ, PYTHONPATH=str(SHIM_DIR), PORT=str(free_port()), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=full,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=full, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 

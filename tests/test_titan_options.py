@@ -14,14 +14,14 @@ from typing import Literal, Optional
 
 import pytest
 
-from pytest_simplefsdp.targets import base as targets
+from pytest_simplefsdp.shim.options import walk
 from pytest_simplefsdp.spec.cells import expand
 from pytest_simplefsdp.spec.matrix import MatrixError, load_matrix
-from pytest_simplefsdp.shim.options import walk
-from pytest_simplefsdp.targets.flags import Flag, OptionError, Options
+from pytest_simplefsdp.targets import base as targets
 from pytest_simplefsdp.targets import make_target
+from pytest_simplefsdp.targets.flags import Flag, OptionError, Options
 
-FAKE_CONFIGS = '''
+FAKE_CONFIGS = """
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -93,10 +93,12 @@ class Config:
 
 def debugmodel():
     return Config()
-'''
+"""
 OLD_BATCH = "seq_len: int = 2048\n    local_batch_size: int = 8\n    global_batch_size: int = -1"
-NEW_BATCH = ("max_context_length: int = 2048\n    num_tokens_per_microbatch_per_dp_rank: int = 8192\n"
-             "    num_tokens_per_train_step: int = -1")
+NEW_BATCH = (
+    "max_context_length: int = 2048\n    num_tokens_per_microbatch_per_dp_rank: int = 8192\n"
+    "    num_tokens_per_train_step: int = -1"
+)
 INDUCTOR = 'inductor_compilation: Literal["regional", "full"] = "regional"'
 
 MATRIX = """\
@@ -160,8 +162,9 @@ def test_renamed_options_are_spelled_and_converted_to_tokens(fake_torchtitan, tm
     assert "--training.max_context_length 256" in joined
     assert "--training.num_tokens_per_microbatch_per_dp_rank 1024" in joined  # 8 // dp 2 = 4 sequences x 256
     assert "--training.num_tokens_per_train_step 2048" in joined  # 8 sequences x 256
-    assert not any(a in argv for a in ("--training.seq_len", "--training.local_batch_size",
-                                       "--training.global_batch_size"))
+    assert not any(
+        a in argv for a in ("--training.seq_len", "--training.local_batch_size", "--training.global_batch_size")
+    )
     seed = " ".join(target.seed_command("llama3", tmp_path / "seed").argv)
     assert "--checkpoint.create_seed_checkpoint" in seed and "--dump_folder" in seed
 
@@ -173,13 +176,16 @@ def test_a_pp_cell_on_main_gets_as_many_microbatches_as_on_0_3_0(tmp_path, monke
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     configs = FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR).replace(
         '    pipeline_parallel_schedule: str = "1F1B"\n',
-        '    pipeline_parallel_schedule: str = "1F1B"\n    num_pp_microbatches: int = 1\n')
+        '    pipeline_parallel_schedule: str = "1F1B"\n    num_pp_microbatches: int = 1\n',
+    )
     (tmp_path / "titan_pp.py").write_text(configs)
     path = tmp_path / "titan_pp.yaml"
-    path.write_text(MATRIX.format(module="titan_pp", compile="aot_fx_trace", backend="aot_eager")
-                    .replace("degrees: [dp_shard]", "degrees: [dp_shard, pp]")
-                    .replace("  dp_shard: [2]\n", "  dp_shard: [1]\n  pp: [2]\n  pp_schedule: [Interleaved1F1B]\n")
-                    .replace("match: [{dp_shard: 2}]", "match: [{pp: 2}]"))
+    path.write_text(
+        MATRIX.format(module="titan_pp", compile="aot_fx_trace", backend="aot_eager")
+        .replace("degrees: [dp_shard]", "degrees: [dp_shard, pp]")
+        .replace("  dp_shard: [2]\n", "  dp_shard: [1]\n  pp: [2]\n  pp_schedule: [Interleaved1F1B]\n")
+        .replace("match: [{dp_shard: 2}]", "match: [{pp: 2}]")
+    )
     target = make_target(load_matrix(path), tmp_path)
     cells, _ = expand(target.matrix)
     target.bind(cells)
@@ -212,8 +218,9 @@ def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan,
     # of the cell on that version (a bisection can find the commit), not an error of the plugin
     gone_folder = tmp_path / "gone"
     gone_folder.mkdir()
-    (gone_folder / "titan_set.py").write_text(FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR)
-                                              .replace("    dataset_path: str", "    grain_path: str"))
+    (gone_folder / "titan_set.py").write_text(
+        FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR).replace("    dataset_path: str", "    grain_path: str")
+    )
     python.write_text(f'#!/bin/sh\nPYTHONPATH={gone_folder}:$PYTHONPATH exec {sys.executable} "$@"\n')
     moved = tmp_path / "gone-python"  # (another interpreter: another table, not the one kept for the first)
     python.rename(moved)
@@ -272,8 +279,10 @@ def grain_module(sources: bool = True) -> str:
     """main's grain config (the dataset a file source object), or, ``sources=False``, a dataloader that takes its
     dataset neither way (what a torchtitan that moved it elsewhere would look like)."""
     old = FAKE_CONFIGS.format(batch=NEW_BATCH, inductor=INDUCTOR)
-    text = old.replace('@dataclass\nclass Dataloader:\n    dataset_path: str = ""\n',
-                       GRAIN if sources else "@dataclass\nclass Dataloader:\n    workers: int = 1\n")
+    text = old.replace(
+        '@dataclass\nclass Dataloader:\n    dataset_path: str = ""\n',
+        GRAIN if sources else "@dataclass\nclass Dataloader:\n    workers: int = 1\n",
+    )
     assert text != old
     return text
 
@@ -288,8 +297,10 @@ def test_an_option_this_torchtitan_takes_only_in_python_goes_to_the_config_modul
     target = make_target(load_matrix(path), tmp_path)
     cells, _ = expand(target.matrix)
     target.bind(cells)
-    for command in (target.command(cells[0], dump_folder=tmp_path / "dump", seed_folder=tmp_path / "seed"),
-                    target.seed_command("llama3", tmp_path / "seed")):
+    for command in (
+        target.command(cells[0], dump_folder=tmp_path / "dump", seed_folder=tmp_path / "seed"),
+        target.seed_command("llama3", tmp_path / "seed"),
+    ):
         assert "--dataloader.dataset_path" not in command.argv and "--hf_assets_path" in command.argv
         assert json.loads(command.env["SIMPLEFSDP_CONFIG_SET"]) == {"dataloader.dataset_path": target.dataset}
 
@@ -299,8 +310,11 @@ def test_what_the_installed_torchtitan_lacks_is_said_once_before_any_cell(fake_t
     the first cell, naming the option, how many cells (and seed checkpoints) need it, and what was tested."""
     (tmp_path / "titan_moved.py").write_text(grain_module(sources=False))
     path = tmp_path / "titan_moved.yaml"
-    path.write_text(MATRIX.format(module="titan_moved", compile="aot_fx_trace", backend="aot_eager")
-                    .replace("dp_shard: [2]", "dp_shard: [2, 4]").replace("world_sizes: [2]", "world_sizes: [2, 4]"))
+    path.write_text(
+        MATRIX.format(module="titan_moved", compile="aot_fx_trace", backend="aot_eager")
+        .replace("dp_shard: [2]", "dp_shard: [2, 4]")
+        .replace("world_sizes: [2]", "world_sizes: [2, 4]")
+    )
     target = make_target(load_matrix(path), tmp_path)
     cells, _ = expand(target.matrix)
     with pytest.raises(MatrixError) as e:
@@ -341,8 +355,12 @@ def test_the_rank_shim_sets_the_dataset_on_whichever_config_torchtitan_loads(mon
     assert rest == ["--training.steps", "2"] and loaded
     assert got.dataloader.source.load_dataset_kwargs == {"data_files": str(tmp_path / "c4" / "data.json")}
     hub = got.dataloader.validation  # the hub's c4 (an 8B config's): our file instead, as 0.3.0's option did
-    assert (hub.path, hub.split, hub.name, hub.load_dataset_kwargs) == ("json", "train", None, {
-        "data_files": str(tmp_path / "c4" / "data.json")})
+    assert (hub.path, hub.split, hub.name, hub.load_dataset_kwargs) == (
+        "json",
+        "train",
+        None,
+        {"data_files": str(tmp_path / "c4" / "data.json")},
+    )
     assert job.dataloader.source.load_dataset_kwargs["data_files"] == "tests/assets/c4_test/data.json"  # a copy
     monkeypatch.delenv("SIMPLEFSDP_CONFIG_SET")
     assert ConfigManager()._load_config([])[0] is job  # nothing asked: the config as loaded
@@ -374,21 +392,34 @@ def test_walk_reads_nested_options_and_their_choices():
     assert walk(Outer()) == {"inner.mode": ["a", "b", "None"], "inner.count": None, "path": None}
 
 
-@pytest.mark.parametrize("installed, trainers, expected", [
-    ({"torchtitan": "0.3.0", "torch": "2.14.1"}, {"graph_trainer"}, None),
-    ({"torchtitan": "0.3.0", "torch": "2.15.0.dev20261101"}, {"graph_trainer"}, None),  # main tracks the nightly
-    # torchtitan main says 0.2.2 and ships graph_trainer: judged by what it ships, not by its version string
-    ({"torchtitan": "0.2.2", "torch": "2.14.1"}, {"graph_trainer"}, None),
-    ({"torchtitan": "0.3.0", "torch": "2.13.0"}, {"graph_trainer"},
-     "target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed (torch 2.13.0, torchtitan 0.3.0)"),
-    ({"torchtitan": "0.2.0", "torch": "2.14.1"}, {"simple_fsdp"},
-     "target titan03 needs a torchtitan that ships experiments/graph_trainer, which the installed torchtitan 0.2.0 "
-     "(torch 2.14.1) lacks; tested with torchtitan 0.3.0 and main up to b5bcd76c6"),
-    ({"torch": "2.14.1"}, set(), "torchtitan is not installed; target titan03 needs one that ships "
-                                 "experiments/graph_trainer"),
-])
-def test_what_the_installed_torchtitan_ships_and_the_torch_range_decide(monkeypatch, tmp_path, installed, trainers,
-                                                                        expected):
+@pytest.mark.parametrize(
+    "installed, trainers, expected",
+    [
+        ({"torchtitan": "0.3.0", "torch": "2.14.1"}, {"graph_trainer"}, None),
+        ({"torchtitan": "0.3.0", "torch": "2.15.0.dev20261101"}, {"graph_trainer"}, None),  # main tracks the nightly
+        # torchtitan main says 0.2.2 and ships graph_trainer: judged by what it ships, not by its version string
+        ({"torchtitan": "0.2.2", "torch": "2.14.1"}, {"graph_trainer"}, None),
+        (
+            {"torchtitan": "0.3.0", "torch": "2.13.0"},
+            {"graph_trainer"},
+            "target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed (torch 2.13.0, torchtitan 0.3.0)",
+        ),
+        (
+            {"torchtitan": "0.2.0", "torch": "2.14.1"},
+            {"simple_fsdp"},
+            "target titan03 needs a torchtitan that ships experiments/graph_trainer, which the installed torchtitan 0.2.0 "
+            "(torch 2.14.1) lacks; tested with torchtitan 0.3.0 and main up to b5bcd76c6",
+        ),
+        (
+            {"torch": "2.14.1"},
+            set(),
+            "torchtitan is not installed; target titan03 needs one that ships experiments/graph_trainer",
+        ),
+    ],
+)
+def test_what_the_installed_torchtitan_ships_and_the_torch_range_decide(
+    monkeypatch, tmp_path, installed, trainers, expected
+):
     monkeypatch.setattr(targets, "installed", installed.get)
     monkeypatch.setattr(targets, "torchtitan_trainers", lambda: trainers)
     matrix = tmp_path / "m.yaml"
@@ -399,10 +430,12 @@ def test_what_the_installed_torchtitan_ships_and_the_torch_range_decide(monkeypa
 
 def test_an_unsupported_torch_stops_the_run_before_any_cell(pytester):
     """A clear usage error at collection, never a half-run matrix."""
-    pytester.makeconftest(textwrap.dedent("""\
+    pytester.makeconftest(
+        textwrap.dedent("""\
         from pytest_simplefsdp.targets import base as targets
         targets.installed = {"torch": "2.13.0", "torchtitan": "0.3.0"}.get
-        """))
+        """)
+    )
     result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=cpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed*"])
@@ -424,15 +457,21 @@ SPMD = '    pipeline_parallel_schedule: str = "1F1B"\n'
 
 def spmd_module(tmp_path, name, field):
     """The fake config with ``field`` added to its parallelism section (main's spmd_backend, or none)."""
-    (tmp_path / f"{name}.py").write_text(FAKE_CONFIGS.format(batch=OLD_BATCH, inductor=INDUCTOR)
-                                         .replace(SPMD, SPMD + field))
+    (tmp_path / f"{name}.py").write_text(
+        FAKE_CONFIGS.format(batch=OLD_BATCH, inductor=INDUCTOR).replace(SPMD, SPMD + field)
+    )
     path = tmp_path / f"{name}.yaml"
-    path.write_text(MATRIX.format(module=name, compile="aot_fx_trace", backend="aot_eager")
-                    .replace("  memory_policy: [default]\n",
-                             "  memory_policy: [default]\n  spmd_backend: [partial_dtensor, full_dtensor, spmd_types]\n")
-                    .replace("match: [{dp_shard: 2}]", "match: [{dp_shard: 2, spmd_backend: partial_dtensor}]")
-                    .replace("baseline: {compile: aot_fx_trace}",
-                             "baseline: {compile: aot_fx_trace, spmd_backend: partial_dtensor}"))
+    path.write_text(
+        MATRIX.format(module=name, compile="aot_fx_trace", backend="aot_eager")
+        .replace(
+            "  memory_policy: [default]\n",
+            "  memory_policy: [default]\n  spmd_backend: [partial_dtensor, full_dtensor, spmd_types]\n",
+        )
+        .replace("match: [{dp_shard: 2}]", "match: [{dp_shard: 2, spmd_backend: partial_dtensor}]")
+        .replace(
+            "baseline: {compile: aot_fx_trace}", "baseline: {compile: aot_fx_trace, spmd_backend: partial_dtensor}"
+        )
+    )
     return path
 
 
@@ -442,12 +481,16 @@ def test_the_spmd_backend_axis_offers_what_the_installed_torchtitan_offers(tmp_p
     option it does not have (torchtitan before #4085), makes the cell n/a with that reason, not the run an error."""
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    main = spmd_module(tmp_path, "titan_spmd",
-                       '    spmd_backend: Literal["partial_dtensor", "spmd_types"] = "spmd_types"\n')
+    main = spmd_module(
+        tmp_path, "titan_spmd", '    spmd_backend: Literal["partial_dtensor", "spmd_types"] = "spmd_types"\n'
+    )
     target = make_target(load_matrix(main), tmp_path)
     cells, _ = expand(target.matrix)
-    assert target.bind(cells) == {"llama3-2-aot_fx_trace-aot_eager-default-full_dtensor": (
-        "torchtitan 0.3.0 (titan_spmd.debugmodel) offers spmd_backend partial_dtensor, spmd_types; not full_dtensor")}
+    assert target.bind(cells) == {
+        "llama3-2-aot_fx_trace-aot_eager-default-full_dtensor": (
+            "torchtitan 0.3.0 (titan_spmd.debugmodel) offers spmd_backend partial_dtensor, spmd_types; not full_dtensor"
+        )
+    }
     spmd = next(c for c in cells if c.axes["spmd_backend"] == "spmd_types")
     assert "--parallelism.spmd_backend spmd_types" in " ".join(argv_of(target, spmd, tmp_path))
     plan = {e.axis: (e.key, e.value) for e in target.evidence_plan(spmd)}
@@ -458,7 +501,8 @@ def test_the_spmd_backend_axis_offers_what_the_installed_torchtitan_offers(tmp_p
     why = target.bind(cells)
     assert len(why) == 3 and set(why.values()) == {
         "torchtitan 0.3.0 (titan_no_spmd.debugmodel) has no --parallelism.spmd_backend: it offers no choice of "
-        "spmd_backend"}
+        "spmd_backend"
+    }
 
 
 def test_cells_not_offered_are_listed_as_n_a_with_their_reason(pytester, tmp_path, monkeypatch):
@@ -466,9 +510,11 @@ def test_cells_not_offered_are_listed_as_n_a_with_their_reason(pytester, tmp_pat
     it; the run's JSON names its rule and reason), and the rest run as listed."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    path = spmd_module(pytester.path, "titan_spmd_run",
-                       '    spmd_backend: Literal["partial_dtensor", "spmd_types"] = "spmd_types"\n')
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}",
-                                           "--simplefsdp-dry-run", "-p", "no:cacheprovider")
+    path = spmd_module(
+        pytester.path, "titan_spmd_run", '    spmd_backend: Literal["partial_dtensor", "spmd_types"] = "spmd_types"\n'
+    )
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}", "--simplefsdp-dry-run", "-p", "no:cacheprovider"
+    )
     result.stdout.fnmatch_lines(["*titan_spmd_run.yaml: 2 valid cells, 1 n/a*"])
     assert "full_dtensor SKIPPED" not in result.stdout.str()

@@ -20,16 +20,29 @@ def test_the_loader_runs_upstreams_builders_and_reads_why_a_test_is_disabled():
     tests = {t.name: t for t in upstream.load_file(FAKE)}
     assert list(tests) == ["jit_1d_auto_bucketing", "aot_fx_trace_fsdp_tp", "checkpoint_resume", "moe_ep2", "moe_ep4"]
     jit = tests["jit_1d_auto_bucketing"]
-    assert jit.disabled and jit.ngpu == 4 and jit.flags == (
-        "--module", "graph_trainer.llama3", "--config", "graph_trainer_llama3_debugmodel", "--compile.mode", "jit",
-        "--compile.passes=auto_bucketing")
+    assert (
+        jit.disabled
+        and jit.ngpu == 4
+        and jit.flags
+        == (
+            "--module",
+            "graph_trainer.llama3",
+            "--config",
+            "graph_trainer_llama3_debugmodel",
+            "--compile.mode",
+            "jit",
+            "--compile.passes=auto_bucketing",
+        )
+    )
     assert "partitioner regression" in jit.note and jit.links == ("https://github.com/pytorch/torchtitan/issues/2149",)
     assert jit.where == f"{FAKE}:15"  # the line of its OverrideDefinitions(
     assert len(tests["checkpoint_resume"].runs) == 2 and tests["checkpoint_resume"].ngpu == 2
     # a name built by an f-string in a comprehension: the comment inside the call still reaches each variant
     assert not tests["moe_ep2"].disabled and tests["moe_ep4"].disabled
-    assert tests["moe_ep4"].links == ("https://github.com/pytorch/torchtitan/issues/4052",
-                                      "https://github.com/pytorch/pytorch/issues/170369")
+    assert tests["moe_ep4"].links == (
+        "https://github.com/pytorch/torchtitan/issues/4052",
+        "https://github.com/pytorch/pytorch/issues/170369",
+    )
     assert "tests" not in sys.modules or not hasattr(sys.modules["tests"], "integration_tests")  # stand-in removed
 
 
@@ -37,9 +50,14 @@ def test_a_test_in_the_matrixs_axes():
     tests = {t.name: t for t in upstream.load_file(FAKE)}
     c = upstream.configuration(tests["aot_fx_trace_fsdp_tp"])
     assert (c.axes, c.world, c.features) == (
-        {"model": "llama3", "compile": "aot_fx_trace", "dp_shard": 2, "tp": 2}, 4, {})
+        {"model": "llama3", "compile": "aot_fx_trace", "dp_shard": 2, "tp": 2},
+        4,
+        {},
+    )
     c = upstream.configuration(tests["jit_1d_auto_bucketing"])
-    assert c.axes == {"model": "llama3", "compile": "jit", "dp_shard": 4} and c.features == {"compile.passes": "auto_bucketing"}
+    assert c.axes == {"model": "llama3", "compile": "jit", "dp_shard": 4} and c.features == {
+        "compile.passes": "auto_bucketing"
+    }
     c = upstream.configuration(tests["moe_ep2"])  # dp_shard -1: every rank the other degrees leave
     assert c.axes == {"model": "deepseek_v3", "compile": "aot_fx_trace", "ep": 2, "dp_shard": 8}
     assert upstream.configuration(tests["checkpoint_resume"]).features == {"checkpoint.enable": True, "runs": 2}
@@ -56,9 +74,22 @@ def test_a_test_in_the_configs_form_reads_as_the_flags_its_configuration_sets():
     assert fsdp_tp.flags[:4] == ("--module", module, "--config", "llama3_debugmodel_fsdp2_tp2")
     assert module.startswith("simplefsdp_upstream_")  # the function's own module, as upstream's MODULE= names it
     c = upstream.configuration(fsdp_tp)
-    assert (c.axes, c.world, c.features) == ({"model": "llama3", "compile": "aot_fx_trace", "dp_shard": 2, "tp": 2,
-                                              "dp_replicate": 1, "ep": 1, "cp": 1, "pp": 1,
-                                              "backend": "aot_eager", "memory_policy": "default"}, 4, {})
+    assert (c.axes, c.world, c.features) == (
+        {
+            "model": "llama3",
+            "compile": "aot_fx_trace",
+            "dp_shard": 2,
+            "tp": 2,
+            "dp_replicate": 1,
+            "ep": 1,
+            "cp": 1,
+            "pp": 1,
+            "backend": "aot_eager",
+            "memory_policy": "default",
+        },
+        4,
+        {},
+    )
     assert upstream.normal(c.axes) == upstream.normal(upstream.configuration(upstream.load_file(FAKE)[1]).axes)
     jit = tests["jit_fsdp_inductor"]
     assert jit.disabled and jit.links == ("https://github.com/pytorch/torchtitan/issues/2149",)
@@ -69,11 +100,19 @@ def test_a_test_in_the_configs_form_reads_as_the_flags_its_configuration_sets():
     relayout = tests["moe_checkpoint_relayout"]
     c = upstream.configuration(relayout)
     assert c.axes["model"] == "deepseek_v3" and (c.axes["ep"], c.axes["pp"], c.axes["pp_schedule"]) == (
-        2, 2, "Interleaved1F1B")
+        2,
+        2,
+        "Interleaved1F1B",
+    )
     assert c.axes["dp_shard"] == 4  # -1: the ranks PP leaves
     assert relayout.runs[1][-3:] == ("--checkpoint.enable", "--training.steps", "20")  # its own args on top
-    assert c.features == {"checkpoint.enable": True, "runs": 2, "run2.config": "deepseek_v3_debugmodel_ep4",
-                          "run2.parallelism.expert_parallel_degree": "4", "run2.parallelism.pipeline_parallel_degree": "1"}
+    assert c.features == {
+        "checkpoint.enable": True,
+        "runs": 2,
+        "run2.config": "deepseek_v3_debugmodel_ep4",
+        "run2.parallelism.expert_parallel_degree": "4",
+        "run2.parallelism.pipeline_parallel_degree": "1",
+    }
     assert upstream.configuration(tests["jit_1d"]).axes == {"model": "llama3", "compile": "jit", "dp_shard": 4}
 
 
@@ -111,13 +150,17 @@ def test_coverage_names_the_cell_or_what_is_missing(tmp_path):
     cov = coverage.coverage(upstream.load_file(FAKE), coverage.candidates([load_matrix(path)]))
     rows = {r.test.name: r for r in cov["tests"]}
     assert rows["aot_fx_trace_fsdp_tp"].status == "covered"
-    assert rows["aot_fx_trace_fsdp_tp"].cells == ["mini::llama3-dp2-tp2-aot_fx_trace-mp_default",
-                                                  "mini::llama3-dp2-tp2-aot_fx_trace-mp_default-auto_bucketing"]
+    assert rows["aot_fx_trace_fsdp_tp"].cells == [
+        "mini::llama3-dp2-tp2-aot_fx_trace-mp_default",
+        "mini::llama3-dp2-tp2-aot_fx_trace-mp_default-auto_bucketing",
+    ]
     # torchtitan's jit applies no memory policy: upstream's jit test is the cell without one
     assert rows["jit_1d_auto_bucketing"].cells == ["mini::llama3-dp4-jit-auto_bucketing"]
     # a layout the profile has but drops names the rule; a world no profile has says so
-    assert rows["checkpoint_resume"].status == "none" and rows["checkpoint_resume"].reason == \
-        "mini rules this layout out: rule world: 2 ranks"
+    assert (
+        rows["checkpoint_resume"].status == "none"
+        and rows["checkpoint_resume"].reason == "mini rules this layout out: rule world: 2 ranks"
+    )
     assert rows["moe_ep2"].reason == "no profile has a 8-rank world"
     assert cov["totals"] == {"covered": 2, "partly": 0, "none": 3}
     assert "mini::llama3-dp4-aot_fx_trace-mp_default" in cov["ours_only"]
@@ -136,8 +179,12 @@ def test_the_installed_torchtitans_suite_loads_and_our_profiles_cover_it():
     assert len(tests) >= 10 and len({t.name for t in tests}) == len(tests)
     assert all(upstream.configuration(t).world == t.ngpu for t in tests)
     assert any(t.disabled and t.note for t in tests)
-    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report.coverage", "--format", "json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_simplefsdp.report.coverage", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     doc = json.loads(out)
     assert sum(doc["totals"].values()) == len(tests) and doc["totals"]["covered"] >= 0.85 * len(tests)
 
@@ -166,8 +213,12 @@ def test_source_upstream_makes_one_cell_per_upstream_test(tmp_path, monkeypatch)
     path.write_text(SOURCE)
     matrix = upstream.with_source(load_matrix(path))  # (validating the file reads no test: running it does)
     cells, dropped = expand(matrix)
-    assert [(c.id, c.world) for c in cells] == [("aot_fx_trace_fsdp_tp", 4), ("checkpoint_resume", 2),
-                                               ("moe_ep2", 8), ("moe_ep4", 8)]
+    assert [(c.id, c.world) for c in cells] == [
+        ("aot_fx_trace_fsdp_tp", 4),
+        ("checkpoint_resume", 2),
+        ("moe_ep2", 8),
+        ("moe_ep4", 8),
+    ]
     assert [(d.id, d.rule) for d in dropped] == [("jit_1d_auto_bucketing", "no-jit")]  # rules see what it configures
     cell = cells[0]
     assert cell.axes["upstream"] == "aot_fx_trace_fsdp_tp" and (cell.axes["tp"], cell.axes["dp_shard"]) == (2, 2)
@@ -189,9 +240,12 @@ def test_source_upstream_makes_one_cell_per_upstream_test(tmp_path, monkeypatch)
 
     def missing(gen=None, root=None):
         raise LookupError("torchtitan 0.3's graph_trainer tests are not installed")
+
     monkeypatch.setattr(upstream, "load", missing)
     path.write_text(SOURCE)
-    with pytest.raises(SourceUnavailable, match=r"upstream.yaml:3: source upstream \(torchtitan 0.3\): .*not installed"):
+    with pytest.raises(
+        SourceUnavailable, match=r"upstream.yaml:3: source upstream \(torchtitan 0.3\): .*not installed"
+    ):
         upstream.with_source(load_matrix(path))
     path.write_text(SOURCE.replace("target: titan03", "target: titan04"))
     with pytest.raises(MatrixError, match="source upstream needs target titan03 or titan02") as bad:
@@ -206,10 +260,14 @@ def test_the_shipped_upstream_profile_lists_the_installed_suite(pytester):
     except LookupError as e:
         pytest.skip(str(e))
     profile = "titan02-upstream" if upstream.generation() == "0.2" else "upstream"
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", f"--simplefsdp-profile={profile}",
-                                           "--simplefsdp-dry-run", "--co", "-q")
-    ids = [line.rsplit("::", 1)[1] for line in result.stdout.lines
-           if f"{profile}.yaml::" in line and " ranks, timeout " not in line]  # (not the dry run's commands)
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix", f"--simplefsdp-profile={profile}", "--simplefsdp-dry-run", "--co", "-q"
+    )
+    ids = [
+        line.rsplit("::", 1)[1]
+        for line in result.stdout.lines
+        if f"{profile}.yaml::" in line and " ranks, timeout " not in line
+    ]  # (not the dry run's commands)
     from pytest_simplefsdp.spec.cells import value_id
 
     dropped_here = {"upstream": 0, "titan02-upstream": 1}[profile]  # (the model-less 0.2 test)
@@ -225,16 +283,24 @@ def test_upstreams_precompile_tests_are_covered_by_cells_that_precompile_first(p
         pytest.skip(str(e))
     if not tests:
         pytest.skip("the installed torchtitan has no precompile tests (0.2)")
-    out = subprocess.run([sys.executable, "-m", "pytest_simplefsdp.report.coverage", "--format", "json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_simplefsdp.report.coverage", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = {r["name"]: r for r in json.loads(out)["tests"]}
     assert {t.name: rows[t.name]["status"] for t in tests} == {t.name: "covered" for t in tests}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    result = pytester.runpytest_subprocess("--simplefsdp-matrix", "--simplefsdp-profile=h100x8", "--simplefsdp-dry-run",
-                                           "-k", "precompile")
-    result.stdout.fnmatch_lines([
-        "*h100x8.yaml::llama3-dp4-tp2-aot_fx_trace-mp_default-precompile  ?8 ranks*",
-        "  first, the precompile step ?1 process?: *-m torchtitan.experiments.graph_trainer.precompile_main "
-        "*--config graph_trainer_llama3_debugmodel_sdpa *--compile.precompile_artifact_dir *precompile_artifact*",
-        "*--nproc-per-node=8 * --virtual-local-rank -m torchtitan.train *--compile.precompile_artifact_dir "
-        "*precompile_artifact*"])
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix", "--simplefsdp-profile=h100x8", "--simplefsdp-dry-run", "-k", "precompile"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*h100x8.yaml::llama3-dp4-tp2-aot_fx_trace-mp_default-precompile  ?8 ranks*",
+            "  first, the precompile step ?1 process?: *-m torchtitan.experiments.graph_trainer.precompile_main "
+            "*--config graph_trainer_llama3_debugmodel_sdpa *--compile.precompile_artifact_dir *precompile_artifact*",
+            "*--nproc-per-node=8 * --virtual-local-rank -m torchtitan.train *--compile.precompile_artifact_dir "
+            "*precompile_artifact*",
+        ]
+    )

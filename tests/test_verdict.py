@@ -5,33 +5,51 @@ import textwrap
 
 import pytest
 
-from helpers import KF_EQ, fake_matrix
-from pytest_simplefsdp.spec.matrix import MatrixError
 from pytest_simplefsdp.judge.known import load_known_failures, signature
+from pytest_simplefsdp.spec.matrix import MatrixError
+
+from helpers import KF_EQ, fake_matrix
 
 # error texts as torchtitan / PyTorch print them (see the upstream issues the entries link)
-HOP_NEW = ("torch._dynamo.exc.Unsupported: HOP: Unsafe side effect\n  Higher Order Operator: "
-           "torch.utils.checkpoint.checkpoint\n  Explanation: Mutating a variable from outside the scope of this "
-           "HOP is not supported.\n  Developer debug context: Attempted to mutate UserDefinedObjectVariable("
-           "ExpertParallel)")
-HOP_SEED = ("torch._dynamo.exc.Unsupported: HigherOrderOperator: Mutating a variable not in the current scope "
-            "(SideEffects)")
+HOP_NEW = (
+    "torch._dynamo.exc.Unsupported: HOP: Unsafe side effect\n  Higher Order Operator: "
+    "torch.utils.checkpoint.checkpoint\n  Explanation: Mutating a variable from outside the scope of this "
+    "HOP is not supported.\n  Developer debug context: Attempted to mutate UserDefinedObjectVariable("
+    "ExpertParallel)"
+)
+HOP_SEED = (
+    "torch._dynamo.exc.Unsupported: HigherOrderOperator: Mutating a variable not in the current scope (SideEffects)"
+)
 
 
-@pytest.mark.parametrize("a, b", [
-    ("RuntimeError: Eq(u0 + u1, 6144)", "RuntimeError: Eq(u12 + u13, 3072)"),
-    ("AssertionError: should have been constant, but got u4 + u5 + u6 + u7",
-     "AssertionError: should have been constant, but got u0 + u1 + u2 + u3"),
-    ("torch._inductor.exc.InductorError: AssertionError: For u6 + u7, expected [u6, u7] to have been codegen-ed.",
-     "torch._inductor.exc.InductorError: AssertionError: For u2 + u3, expected [u2, u3] to have been codegen-ed."),
-    ("AssertionError: Node tangents_2 was invalid, but is output", "AssertionError: Node tangents_5 was invalid, but is output"),
-    ("ValueError: Forward graph outputs require backward-only inputs: ['arg36_1']",
-     "ValueError: Forward graph outputs require backward-only inputs: ['arg7_1']"),
-    ("RuntimeError: bad graph <torch.fx.graph_module.GraphModule object at 0x7f3a2c1d5e10>",
-     "RuntimeError: bad graph <torch.fx.graph_module.GraphModule object at 0x55d0aa0b1c20>"),
-    ("[rank3]: FileNotFoundError: /tmp/torchinductor_root/ab/cabc12.py", "FileNotFoundError: /tmp/tmpx81/q/z.py"),
-    ("RuntimeError: shape s27 vs s3", "RuntimeError: shape s0 vs s1"),
-])
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("RuntimeError: Eq(u0 + u1, 6144)", "RuntimeError: Eq(u12 + u13, 3072)"),
+        (
+            "AssertionError: should have been constant, but got u4 + u5 + u6 + u7",
+            "AssertionError: should have been constant, but got u0 + u1 + u2 + u3",
+        ),
+        (
+            "torch._inductor.exc.InductorError: AssertionError: For u6 + u7, expected [u6, u7] to have been codegen-ed.",
+            "torch._inductor.exc.InductorError: AssertionError: For u2 + u3, expected [u2, u3] to have been codegen-ed.",
+        ),
+        (
+            "AssertionError: Node tangents_2 was invalid, but is output",
+            "AssertionError: Node tangents_5 was invalid, but is output",
+        ),
+        (
+            "ValueError: Forward graph outputs require backward-only inputs: ['arg36_1']",
+            "ValueError: Forward graph outputs require backward-only inputs: ['arg7_1']",
+        ),
+        (
+            "RuntimeError: bad graph <torch.fx.graph_module.GraphModule object at 0x7f3a2c1d5e10>",
+            "RuntimeError: bad graph <torch.fx.graph_module.GraphModule object at 0x55d0aa0b1c20>",
+        ),
+        ("[rank3]: FileNotFoundError: /tmp/torchinductor_root/ab/cabc12.py", "FileNotFoundError: /tmp/tmpx81/q/z.py"),
+        ("RuntimeError: shape s27 vs s3", "RuntimeError: shape s0 vs s1"),
+    ],
+)
 def test_signature_normalises_what_changes_between_runs(a, b):
     assert signature(a) == signature(b)
 
@@ -49,31 +67,43 @@ def kf_file(pytester, text=KF_EQ):
 
 
 def with_error(error):
-    return fake_matrix(modes=["pass", "fail"], args=', "--error", "{error}"').replace("settings:\n  steps: 3", f"settings:\n  steps: 3\n  error: '{error}'")
+    return fake_matrix(modes=["pass", "fail"], args=', "--error", "{error}"').replace(
+        "settings:\n  steps: 3", f"settings:\n  steps: 3\n  error: '{error}'"
+    )
 
 
 def test_xfailed_when_signature_matches(run_matrix, pytester):
     path = kf_file(pytester)
-    result = run_matrix(with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}",
-                        "-rxX", "-v")
+    result = run_matrix(
+        with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}", "-rxX", "-v"
+    )
     result.assert_outcomes(passed=1, xfailed=1)
-    result.stdout.fnmatch_lines(["*fail-r2 XFAIL*", "fail * xfail *",
-                                 "*XFAIL fake.yaml::fail-r2 - known failure fake-eq "
-                                 "(https://github.com/pytorch/torchtitan/pull/1529): unbacked symbol*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*fail-r2 XFAIL*",
+            "fail * xfail *",
+            "*XFAIL fake.yaml::fail-r2 - known failure fake-eq "
+            "(https://github.com/pytorch/torchtitan/pull/1529): unbacked symbol*",
+        ]
+    )
 
 
 def test_different_signature_fails_naming_expected_and_got(run_matrix, pytester):
     path = kf_file(pytester)
     result = run_matrix(with_error("RuntimeError: something new"), f"--simplefsdp-known-failures={path}")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*failed with a different error than known: expected fake-eq: /Eq*/; got: "
-                                 "RuntimeError: something new*"])
+    result.stdout.fnmatch_lines(
+        ["*failed with a different error than known: expected fake-eq: /Eq*/; got: RuntimeError: something new*"]
+    )
 
 
 def test_failure_outside_the_entry_conditions_fails(run_matrix, pytester):
     path = kf_file(pytester, KF_EQ.replace('ranks: ">1"', 'ranks: ">2"'))
-    text = with_error("RuntimeError: Eq(u0 + u1, 3072)").replace("ranks: [2]", "ranks: [2, 3]").replace(
-        "world_sizes: [2]", "world_sizes: [2, 3]")
+    text = (
+        with_error("RuntimeError: Eq(u0 + u1, 3072)")
+        .replace("ranks: [2]", "ranks: [2, 3]")
+        .replace("world_sizes: [2]", "world_sizes: [2, 3]")
+    )
     result = run_matrix(text, f"--simplefsdp-known-failures={path}", "-v")
     result.assert_outcomes(passed=2, failed=1, xfailed=1)
     result.stdout.fnmatch_lines(["*fail-r2 FAILED*", "*fail-r3 XFAIL*"])
@@ -87,8 +117,9 @@ def test_xpass_is_reported_and_fails_in_gate_mode(run_matrix, pytester):
     assert result.ret == 0
     result = run_matrix(text, f"--simplefsdp-known-failures={path}", "--simplefsdp-gate")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*pass-r2: [[]XPASS(strict)[]] known failure fake-eq no longer fails: delete it "
-                                 "from *known_failures.yaml:2*"])
+    result.stdout.fnmatch_lines(
+        ["*pass-r2: [[]XPASS(strict)[]] known failure fake-eq no longer fails: delete it from *known_failures.yaml:2*"]
+    )
 
 
 def test_gate_from_ini(run_matrix, pytester):
@@ -114,8 +145,9 @@ def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):
     result.stdout.fnmatch_lines(["pass * flaky pass *", "fail * flaky fail *"])
 
 
-@pytest.mark.parametrize("classes, outcome", [("[runtime]", "xfailed"), ("[runtime, hang]", "xfailed"),
-                                             ("[hang]", "failed")])
+@pytest.mark.parametrize(
+    "classes, outcome", [("[runtime]", "xfailed"), ("[runtime, hang]", "xfailed"), ("[hang]", "failed")]
+)
 def test_classes_limit_what_an_entry_accepts(run_matrix, pytester, classes, outcome):
     """The error matches, but an entry with `classes:` accepts only failures of those classes."""
     path = kf_file(pytester, KF_EQ.replace("  kind: xfail", f"  classes: {classes}\n  kind: xfail"))
@@ -139,23 +171,41 @@ def test_device_condition(run_matrix, pytester):
     assert not (pytester.path / "runs" / "fake").exists()
 
 
-@pytest.mark.parametrize("change, message", [
-    (("link: https://github.com/pytorch/torchtitan/pull/1529", "link: see the chat"),
-     "known_failures.yaml:6: entry 'fake-eq': link 'see the chat' is not a URL"),
-    (("  link: https://github.com/pytorch/torchtitan/pull/1529\n", ""), "known_failures.yaml:2: entry 'fake-eq': missing `link`"),
-    (("error: 'Eq", "error: '(Eq"), "known_failures.yaml:4: entry 'fake-eq': error '(Eq*' is not a regex RE2 can "
-                                   "match in linear time: missing )*"),
-    (("error: 'Eq", "error: '(Eq)\\1 Eq"), "known_failures.yaml:4: entry 'fake-eq': error * is not a regex RE2 can "
-                                         "match in linear time: invalid escape sequence: \\1"),
-    (("mode: fail", "mood: fail"), "known_failures.yaml:3: entry 'fake-eq': condition on unknown axis 'mood'"),
-    (("kind: xfail", "kind: maybe"), "known_failures.yaml:5: entry 'fake-eq': kind 'maybe' is not one of"),
-    (("reason:", "why:"), "known_failures.yaml:7: entry 'fake-eq': unknown key 'why'"),
-    (("mode: fail", "mode: explode"), "entry 'fake-eq' matches no valid cell of any profile"),
-    (("  kind: xfail", "  classes: [runtme]\n  kind: xfail"),
-     "known_failures.yaml:5: entry 'fake-eq': classes ?'runtme'?: not a list of failure classes (invalid_config, "),
-    (("# a comment that survives updates\n", KF_EQ.replace("# a comment that survives updates\n", "")),
-     "known_failures.yaml:7: duplicate entry id 'fake-eq' (first at *known_failures.yaml:1)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            ("link: https://github.com/pytorch/torchtitan/pull/1529", "link: see the chat"),
+            "known_failures.yaml:6: entry 'fake-eq': link 'see the chat' is not a URL",
+        ),
+        (
+            ("  link: https://github.com/pytorch/torchtitan/pull/1529\n", ""),
+            "known_failures.yaml:2: entry 'fake-eq': missing `link`",
+        ),
+        (
+            ("error: 'Eq", "error: '(Eq"),
+            "known_failures.yaml:4: entry 'fake-eq': error '(Eq*' is not a regex RE2 can "
+            "match in linear time: missing )*",
+        ),
+        (
+            ("error: 'Eq", "error: '(Eq)\\1 Eq"),
+            "known_failures.yaml:4: entry 'fake-eq': error * is not a regex RE2 can "
+            "match in linear time: invalid escape sequence: \\1",
+        ),
+        (("mode: fail", "mood: fail"), "known_failures.yaml:3: entry 'fake-eq': condition on unknown axis 'mood'"),
+        (("kind: xfail", "kind: maybe"), "known_failures.yaml:5: entry 'fake-eq': kind 'maybe' is not one of"),
+        (("reason:", "why:"), "known_failures.yaml:7: entry 'fake-eq': unknown key 'why'"),
+        (("mode: fail", "mode: explode"), "entry 'fake-eq' matches no valid cell of any profile"),
+        (
+            ("  kind: xfail", "  classes: [runtme]\n  kind: xfail"),
+            "known_failures.yaml:5: entry 'fake-eq': classes ?'runtme'?: not a list of failure classes (invalid_config, ",
+        ),
+        (
+            ("# a comment that survives updates\n", KF_EQ.replace("# a comment that survives updates\n", "")),
+            "known_failures.yaml:7: duplicate entry id 'fake-eq' (first at *known_failures.yaml:1)",
+        ),
+    ],
+)
 def test_bad_known_failures_are_usage_errors(run_matrix, pytester, change, message):
     path = kf_file(pytester, KF_EQ.replace(*change, 1))
     result = run_matrix(fake_matrix(modes=["pass", "fail"]), f"--simplefsdp-known-failures={path}")
@@ -165,13 +215,13 @@ def test_bad_known_failures_are_usage_errors(run_matrix, pytester, change, messa
 
 def test_version_conditions(tmp_path):
     path = tmp_path / "kf.yaml"
-    path.write_text(KF_EQ.replace("ranks: \">1\"", "ranks: \">1\", torch: \">=2.13,<2.14\""))
+    path.write_text(KF_EQ.replace('ranks: ">1"', 'ranks: ">1", torch: ">=2.13,<2.14"'))
     kf = load_known_failures(path, {"mode", "ranks"})
     axes = {"mode": "fail", "ranks": 2}
     assert kf.for_cell(axes, {"torch": "2.13.0+cpu"})
     assert not kf.for_cell(axes, {"torch": "2.14.1"})
     assert not kf.for_cell({"mode": "fail", "ranks": 1}, {"torch": "2.13.0"})
-    path.write_text(KF_EQ.replace("ranks: \">1\"", "torch: \"newest\""))
+    path.write_text(KF_EQ.replace('ranks: ">1"', 'torch: "newest"'))
     with pytest.raises(MatrixError, match="kf.yaml:3: entry 'fake-eq': torch: 'newest' is not a version range"):
         load_known_failures(path, {"mode", "ranks"})
 
@@ -189,15 +239,22 @@ def test_a_window_decides_where_an_entry_holds(tmp_path):
 
     def verdict(status, torch):
         failed = status == Status.FAILED
-        result = CellResult("c", {"mode": "fail", "ranks": 2}, status=status, versions={"torch": torch},
-                            failure_class=FailureClass.RUNTIME if failed else None,
-                            error_line="RuntimeError: Eq(u0 + u1, 6144)" if failed else None)
+        result = CellResult(
+            "c",
+            {"mode": "fail", "ranks": 2},
+            status=status,
+            versions={"torch": torch},
+            failure_class=FailureClass.RUNTIME if failed else None,
+            error_line="RuntimeError: Eq(u0 + u1, 6144)" if failed else None,
+        )
         return judge(result, entries, gate=False)
 
     fixed = verdict(Status.PASSED, "2.15.0")
-    assert fixed.outcome == Status.PASSED and fixed.message == ("passes, as known failure fake-eq "
-                                                                "(https://github.com/pytorch/torchtitan/pull/1529)'s "
-                                                                "window says: torch 2.15.0 has its fix (torch 2.15.0)")
+    assert fixed.outcome == Status.PASSED and fixed.message == (
+        "passes, as known failure fake-eq "
+        "(https://github.com/pytorch/torchtitan/pull/1529)'s "
+        "window says: torch 2.15.0 has its fix (torch 2.15.0)"
+    )
     assert verdict(Status.PASSED, "2.14.1+cu130").outcome == Status.XPASSED
     assert verdict(Status.FAILED, "2.14.1").outcome == Status.XFAILED
     wrong = verdict(Status.FAILED, "2.15.0")
@@ -214,9 +271,14 @@ def test_update_known_failures_adds_and_removes_keeping_comments(run_matrix, pyt
           reason: used to fail
         """)
     path = kf_file(pytester, text)
-    result = run_matrix(with_error("RuntimeError: brand new failure 42"), f"--simplefsdp-known-failures={path}",
-                        "--simplefsdp-update-known-failures")
-    result.stdout.fnmatch_lines(["*removed now-passes: every cell it covers passed*", "*added fake-fail for 1 cell (link: 'TODO*"])
+    result = run_matrix(
+        with_error("RuntimeError: brand new failure 42"),
+        f"--simplefsdp-known-failures={path}",
+        "--simplefsdp-update-known-failures",
+    )
+    result.stdout.fnmatch_lines(
+        ["*removed now-passes: every cell it covers passed*", "*added fake-fail for 1 cell (link: 'TODO*"]
+    )
     new = path.read_text()
     assert new.startswith("# a comment that survives updates\n- id: fake-eq\n")
     assert "now-passes" not in new and "id: fake-fail" in new and "link: 'TODO: the upstream issue'" in new
@@ -224,8 +286,9 @@ def test_update_known_failures_adds_and_removes_keeping_comments(run_matrix, pyt
     # the next run accepts the file: the new entry judges its cell, and the header asks for its link
     result = run_matrix(with_error("RuntimeError: brand new failure 42"), f"--simplefsdp-known-failures={path}")
     result.assert_outcomes(passed=1, xfailed=1)
-    result.stdout.fnmatch_lines(["simplefsdp: 1 known-failure entries have no link yet (TODO: name the upstream "
-                                 "issue): fake-fail"])
+    result.stdout.fnmatch_lines(
+        ["simplefsdp: 1 known-failure entries have no link yet (TODO: name the upstream issue): fake-fail"]
+    )
 
 
 def test_signature_matching_is_linear_time():
@@ -247,23 +310,34 @@ def test_a_shipped_profile_that_does_not_load_is_named_not_skipped(pytester, mon
     for p in MATRIX_DIR.glob("*.yaml"):
         (shipped / p.name).write_text(p.read_text())
     shutil.copytree(MATRIX_DIR / "noise", shipped / "noise")  # (the CPU profile's measured noise, beside it)
-    (shipped / "h100x8.yaml").write_text((MATRIX_DIR / "h100x8.yaml").read_text().replace("  model: [llama3,",
-                                                                                          "  model: [gemma,"))
+    (shipped / "h100x8.yaml").write_text(
+        (MATRIX_DIR / "h100x8.yaml").read_text().replace("  model: [llama3,", "  model: [gemma,")
+    )
     monkeypatch.setattr(profiles, "MATRIX_DIR", shipped)
     (pytester.path / "fake.yaml").write_text(fake_matrix())
-    result = pytester.runpytest_inprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
-                                          "--simplefsdp-dry-run", "--co", "-q")
+    result = pytester.runpytest_inprocess(
+        "--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml", "--simplefsdp-dry-run", "--co", "-q"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*a shipped profile does not load: */shipped/h100x8.yaml:*: *gemma*"])
     # an upstream profile with a wrong target is broken too; only a suite not installed here is skipped (its
     # error said "source upstream" as well, and the check once went by that text)
     (shipped / "h100x8.yaml").write_text((MATRIX_DIR / "h100x8.yaml").read_text())
-    assert pytester.runpytest_inprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
-                                        "--simplefsdp-dry-run", "--co", "-q").ret == pytest.ExitCode.OK
+    assert (
+        pytester.runpytest_inprocess(
+            "--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml", "--simplefsdp-dry-run", "--co", "-q"
+        ).ret
+        == pytest.ExitCode.OK
+    )
     upstream = shipped / "upstream.yaml"
     upstream.write_text(upstream.read_text().replace("target: titan03", "target: titan3"))
-    result = pytester.runpytest_inprocess("--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
-                                          "--simplefsdp-dry-run", "--co", "-q")
+    result = pytester.runpytest_inprocess(
+        "--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml", "--simplefsdp-dry-run", "--co", "-q"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*a shipped profile does not load: */shipped/upstream.yaml:*: source upstream needs "
-                                 "target titan03 or titan02, got 'titan3'"])
+    result.stderr.fnmatch_lines(
+        [
+            "*a shipped profile does not load: */shipped/upstream.yaml:*: source upstream needs "
+            "target titan03 or titan02, got 'titan3'"
+        ]
+    )

@@ -11,9 +11,10 @@ import subprocess
 
 import pytest
 
-from helpers import cells_of, fake_matrix, fake_wheel
 from pytest_simplefsdp.session.bisecting import commits, short_sha
 from pytest_simplefsdp.versions.bisect import FAILS, FLAKY, OTHER, PASSES, UNTESTABLE, Probe, bisect
+
+from helpers import cells_of, fake_matrix, fake_wheel
 
 pytestmark = pytest.mark.fake
 
@@ -46,9 +47,13 @@ def test_a_twin_run_tables_what_differs_and_names_the_versions_each_cell_ran(run
     assert cells["pass-r2-torch-2.15.0"]["versions"]["torch"] == "2.15.0"
     assert cells["pass-r2"]["versions"]["torch"].startswith("2.14.1")  # the environment pytest runs in
     assert cells["pass-r2-torch-2.15.0"]["error_line"] == "RuntimeError: fake regression: broken since torch 2.15.0"
-    result.stdout.fnmatch_lines(["*simplefsdp twin: fake, twin run installed (*torch 2.14.1*) vs torch==2.15.0: "
-                                 "1 cell on both; 0 behave the same (0 with bitwise equal losses); 1 differs*",
-                                 "pass-r2 *passed*failed runtime*verdict; signature: RuntimeError: fake regression*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*simplefsdp twin: fake, twin run installed (*torch 2.14.1*) vs torch==2.15.0: "
+            "1 cell on both; 0 behave the same (0 with bitwise equal losses); 1 differs*",
+            "pass-r2 *passed*failed runtime*verdict; signature: RuntimeError: fake regression*",
+        ]
+    )
     envs = list((pytester.path / ".simplefsdp" / "envs").glob("torch-2.15.0-*"))
     assert len(envs) == 1 and json.loads((envs[0] / "env.json").read_text())["versions"]["torch"] == "2.15.0"
     again = run_matrix(regression(), "--simplefsdp-twin=torch==2.15.0", f"--simplefsdp-json={out}")
@@ -56,8 +61,9 @@ def test_a_twin_run_tables_what_differs_and_names_the_versions_each_cell_ran(run
     assert list((pytester.path / ".simplefsdp" / "envs").glob("torch-2.15.0-*")) == envs
 
 
-def test_a_cell_named_with_a_twin_runs_on_both_sets_and_one_named_with_its_set_on_that_one(run_matrix, pytester,
-                                                                                             wheels):
+def test_a_cell_named_with_a_twin_runs_on_both_sets_and_one_named_with_its_set_on_that_one(
+    run_matrix, pytester, wheels
+):
     """`pytest --simplefsdp-matrix fake.yaml::pass-r2 --simplefsdp-twin=...` means the cell on every set (it once
     ran only the installed side: "0 cells on both"); the twin side's own id names that side alone."""
     matrix = regression(modes=["pass", "fail"])
@@ -69,8 +75,9 @@ def test_a_cell_named_with_a_twin_runs_on_both_sets_and_one_named_with_its_set_o
     # the failure's rerun line: no path of this machine, the version set it ran on; run as printed, that cell alone
     rerun = next(line for line in one.stdout.lines if line.startswith("  rerun: ")).split(": ", 1)[1]
     assert rerun == "pytest --simplefsdp-matrix fake.yaml::pass-r2 --simplefsdp-versions=torch==2.15.0"
-    again = pytester.runpytest_subprocess(*shlex.split(rerun)[1:], "--simplefsdp-launcher=local",
-                                          "--simplefsdp-confirm=1")
+    again = pytester.runpytest_subprocess(
+        *shlex.split(rerun)[1:], "--simplefsdp-launcher=local", "--simplefsdp-confirm=1"
+    )
     again.assert_outcomes(failed=1, deselected=1)
     again.stdout.fnmatch_lines(["*fake.yaml::pass-r2-torch-2.15.0 FAILED*"])
 
@@ -79,18 +86,25 @@ def test_the_matrix_key_versions_is_an_axis_and_a_known_failure_window_is_checke
     """`versions: {torch: [installed, 2.15.0]}` in the matrix file; an entry whose window says the cell fails from
     torch 2.16.0 on is not this failure: the cell fails, saying so."""
     kf = pytester.path / "kf.yaml"
-    kf.write_text("- id: regression\n  when: {mode: pass, torch: '>=2.15'}\n  error: 'fake regression'\n  kind: xfail\n"
-                  "  link: https://github.com/pytorch/pytorch/issues/1\n  reason: the regression\n"
-                  "  first_failing: {torch: 2.16.0}\n")
+    kf.write_text(
+        "- id: regression\n  when: {mode: pass, torch: '>=2.15'}\n  error: 'fake regression'\n  kind: xfail\n"
+        "  link: https://github.com/pytorch/pytorch/issues/1\n  reason: the regression\n"
+        "  first_failing: {torch: 2.16.0}\n"
+    )
     out = pytester.path / "run.json"
-    result = run_matrix(regression(extra="versions: {torch: [installed, 2.15.0]}\n"), f"--simplefsdp-json={out}",
-                        f"--simplefsdp-known-failures={kf}")
+    result = run_matrix(
+        regression(extra="versions: {torch: [installed, 2.15.0]}\n"),
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-known-failures={kf}",
+    )
     result.assert_outcomes(passed=1, failed=1)
     cell = cells_of(out)["pass-r2-torch-2.15.0"]
     assert cell["axes"]["versions"] == "torch==2.15.0" and cell["column"] == "torch-2.15.0"
-    assert cell["verdict"] == ("fails as known failure regression (https://github.com/pytorch/pytorch/issues/1) says, "
-                               "but torch 2.15.0 is before its first failing torch 2.16.0: its window is wrong, or "
-                               "this is another regression")
+    assert cell["verdict"] == (
+        "fails as known failure regression (https://github.com/pytorch/pytorch/issues/1) says, "
+        "but torch 2.15.0 is before its first failing torch 2.16.0: its window is wrong, or "
+        "this is another regression"
+    )
 
 
 def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions(run_matrix, pytester, wheels):
@@ -101,10 +115,16 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
     kf.write_text("# our known failures\n[]\n")
     text = regression(', "--other-at", "2.12.0", "--flaky-at", "2.14.0"')
     out = pytester.path / "run.json"
-    result = run_matrix(text, "--simplefsdp-versions=torch==2.15.0", "--simplefsdp-bisect=torch", "--simplefsdp-confirm=2",
-                        "--simplefsdp-bisect-versions=2.10.0,2.11.0,2.12.0,2.13.0,2.14.0,2.15.0",
-                        f"--simplefsdp-json={out}", f"--simplefsdp-known-failures={kf}",
-                        "--simplefsdp-update-known-failures")
+    result = run_matrix(
+        text,
+        "--simplefsdp-versions=torch==2.15.0",
+        "--simplefsdp-bisect=torch",
+        "--simplefsdp-confirm=2",
+        "--simplefsdp-bisect-versions=2.10.0,2.11.0,2.12.0,2.13.0,2.14.0,2.15.0",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-known-failures={kf}",
+        "--simplefsdp-update-known-failures",
+    )
     result.assert_outcomes(failed=1)
     doc = json.loads(out.read_text())
     b = doc["bisections"][0]
@@ -113,8 +133,9 @@ def test_bisection_finds_the_window_skipping_untestable_flaky_and_other_versions
     assert outcomes["2.10.0"] == PASSES and outcomes["2.15.0"] == FAILS and outcomes["2.13.0"] == PASSES
     assert outcomes.get("2.11.0") in (None, UNTESTABLE) and outcomes.get("2.12.0") in (None, OTHER)
     assert outcomes["2.14.0"] == FLAKY  # (fails on 2.14.0 only every second run: skipped, not counted)
-    result.stdout.fnmatch_lines(["*simplefsdp bisect torch: fake::pass-r2-torch-2.15.0: regressed in 2.15.0 (last "
-                                 "good 2.13.0)*"])
+    result.stdout.fnmatch_lines(
+        ["*simplefsdp bisect torch: fake::pass-r2-torch-2.15.0: regressed in 2.15.0 (last good 2.13.0)*"]
+    )
     issue = (pytester.path / "runs" / "bisect" / "pass-r2-torch-2.15.0-torch.md").read_text()
     assert "**Window (torch):** regressed in 2.15.0 (last good 2.13.0)" in issue
     # portable: the failing side's version set, no path of this machine
@@ -134,8 +155,13 @@ def test_a_fix_is_bisected_to_its_release_and_its_issue_reproduces_the_failing_s
     reproducer runs the cell on the failing side's torch (2.12.0)."""
     text = fake_matrix(args=', "--fixed-from", "2.13.0"')
     out = pytester.path / "run.json"
-    result = run_matrix(text, "--simplefsdp-versions=torch==2.10.0", "--simplefsdp-bisect=torch",
-                        "--simplefsdp-bisect-versions=2.10.0,2.12.0,2.13.0,2.15.0", f"--simplefsdp-json={out}")
+    result = run_matrix(
+        text,
+        "--simplefsdp-versions=torch==2.10.0",
+        "--simplefsdp-bisect=torch",
+        "--simplefsdp-bisect-versions=2.10.0,2.12.0,2.13.0,2.15.0",
+        f"--simplefsdp-json={out}",
+    )
     result.assert_outcomes(failed=1)
     assert json.loads(out.read_text())["bisections"][0]["window"] == ["2.12.0", "2.13.0"]
     issue = (pytester.path / "runs" / "bisect" / "pass-r2-torch-2.10.0-torch.md").read_text()
@@ -148,8 +174,13 @@ def test_a_fix_is_bisected_to_its_release_and_its_issue_reproduces_the_failing_s
 def test_a_bisection_whose_ends_agree_says_so_and_searches_nothing(run_matrix, pytester, wheels):
     text = regression().replace('"--breaks-from", "2.15.0"', '"--breaks-from", "2.0.0"')  # fails everywhere
     out = pytester.path / "run.json"
-    result = run_matrix(text, "--simplefsdp-versions=torch==2.15.0", "--simplefsdp-bisect=torch",
-                        "--simplefsdp-bisect-versions=2.10.0,2.12.0,2.13.0,2.15.0", f"--simplefsdp-json={out}")
+    result = run_matrix(
+        text,
+        "--simplefsdp-versions=torch==2.15.0",
+        "--simplefsdp-bisect=torch",
+        "--simplefsdp-bisect-versions=2.10.0,2.12.0,2.13.0,2.15.0",
+        f"--simplefsdp-json={out}",
+    )
     result.assert_outcomes(failed=1)
     b = json.loads(out.read_text())["bisections"][0]
     assert b["window"] is None and b["message"] == "both ends fails (2.10.0 and 2.15.0): nothing to bisect in this list"
@@ -159,21 +190,30 @@ def test_a_bisection_whose_ends_agree_says_so_and_searches_nothing(run_matrix, p
 def test_an_unknown_version_is_a_usage_error_naming_the_versions_there_are(run_matrix, wheels):
     result = run_matrix(fake_matrix(), "--simplefsdp-versions=torch==9.9.9")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*version set torch==9.9.9: the index has no torch 9.9.9; its releases: "
-                                 "2.10.0, 2.12.0, 2.13.0, 2.14.0, 2.15.0*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*version set torch==9.9.9: the index has no torch 9.9.9; its releases: "
+            "2.10.0, 2.12.0, 2.13.0, 2.14.0, 2.15.0*"
+        ]
+    )
     bad = run_matrix(fake_matrix(), "--simplefsdp-versions=torch>=2")
     bad.stderr.fnmatch_lines(["*--simplefsdp-versions=torch>=2: 'torch>=2' is not a version pin: write torch==2.15.0*"])
 
 
-def test_an_environment_that_cannot_be_built_fails_its_cells_as_infra_and_the_others_run(run_matrix, pytester, wheels,
-                                                                                        monkeypatch):
+def test_an_environment_that_cannot_be_built_fails_its_cells_as_infra_and_the_others_run(
+    run_matrix, pytester, wheels, monkeypatch
+):
     """No index reachable and no wheel for the version: the check cannot ask the index (said once, in the header),
     the build fails with uv's own line, every cell of that set is infra, the installed set's cells pass."""
     monkeypatch.delenv("UV_NO_INDEX")
     monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # nothing listens on the discard port
     out = pytester.path / "run.json"
-    result = run_matrix(fake_matrix(modes=["pass", "fail"]), "--simplefsdp-versions=installed",
-                        "--simplefsdp-versions=torch==2.11.0", f"--simplefsdp-json={out}")
+    result = run_matrix(
+        fake_matrix(modes=["pass", "fail"]),
+        "--simplefsdp-versions=installed",
+        "--simplefsdp-versions=torch==2.11.0",
+        f"--simplefsdp-json={out}",
+    )
     result.stdout.fnmatch_lines(["*the package index could not be asked for torch's releases*"])
     cells = cells_of(out)
     assert cells["pass-r2"]["status"] == "passed" and cells["fail-r2"]["failure_class"] == "runtime"
@@ -189,10 +229,16 @@ def test_a_cell_without_an_environment_is_not_confirmed_bisected_or_recorded(run
     monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # nothing listens on the discard port
     kf, out = pytester.path / "kf.yaml", pytester.path / "run.json"
     kf.write_text("[]\n")
-    result = run_matrix(fake_matrix(), "--simplefsdp-versions=torch==2.11.0", "--simplefsdp-bisect=torch",
-                        "--simplefsdp-bisect-versions=2.10.0,2.11.0,2.15.0", "--simplefsdp-confirm=2",
-                        f"--simplefsdp-known-failures={kf}", "--simplefsdp-update-known-failures",
-                        f"--simplefsdp-json={out}")
+    result = run_matrix(
+        fake_matrix(),
+        "--simplefsdp-versions=torch==2.11.0",
+        "--simplefsdp-bisect=torch",
+        "--simplefsdp-bisect-versions=2.10.0,2.11.0,2.15.0",
+        "--simplefsdp-confirm=2",
+        f"--simplefsdp-known-failures={kf}",
+        "--simplefsdp-update-known-failures",
+        f"--simplefsdp-json={out}",
+    )
     result.assert_outcomes(failed=1)
     cell = cells_of(out)["pass-r2-torch-2.11.0"]
     assert cell["failure_class"] == "infra" and cell["not_run"] and cell["confirm"] is None, cell
@@ -209,8 +255,12 @@ def test_an_environment_is_refused_before_it_is_built_when_the_disk_is_too_small
     kept.mkdir(parents=True)
     (kept / "env.json").write_text(json.dumps({"set": "torch==9.0.0", "bytes": 2**60}))  # one exabyte
     out = pytester.path / "run.json"
-    run_matrix(fake_matrix(), "--simplefsdp-versions=installed", "--simplefsdp-versions=torch==2.15.0",
-               f"--simplefsdp-json={out}")
+    run_matrix(
+        fake_matrix(),
+        "--simplefsdp-versions=installed",
+        "--simplefsdp-versions=torch==2.15.0",
+        f"--simplefsdp-json={out}",
+    )
     cells = cells_of(out)
     assert cells["pass-r2"]["status"] == "passed"
     line = cells["pass-r2-torch-2.15.0"]["error_line"]

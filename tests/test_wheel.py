@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FAKE_RANK, fake_matrix
 from pytest_simplefsdp.machine import installed
+
+from helpers import FAKE_RANK, fake_matrix
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,14 +39,18 @@ def dist(tmp_path_factory):
 def test_the_wheel_carries_what_the_plugin_reads_at_run_time(dist):
     wheel, sdist = dist
     names = zipfile.ZipFile(wheel).namelist()
-    for path in ("pytest_simplefsdp/_data/matrix/cpu.yaml", "pytest_simplefsdp/_data/known_failures.yaml",
-                 "pytest_simplefsdp/_data/fixtures/cpu_shim/sitecustomize.py"):
+    for path in (
+        "pytest_simplefsdp/_data/matrix/cpu.yaml",
+        "pytest_simplefsdp/_data/known_failures.yaml",
+        "pytest_simplefsdp/_data/fixtures/cpu_shim/sitecustomize.py",
+    ):
         assert path in names, path
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "pytest_simplefsdp").rglob("*.py")}
     assert modules - set(names) == set()  # every module (a build that walked a link first once left them all out)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
     assert "Classifier: Framework :: Pytest" in meta and "License-Expression: BSD-3-Clause" in meta
     from pytest_simplefsdp import __version__
+
     assert f"Version: {__version__}\n" in meta and wheel.name.startswith(f"pytest_simplefsdp-{__version__}-")
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/entry_points.txt"))).decode()
     assert "simplefsdp = pytest_simplefsdp.plugin" in entry
@@ -61,8 +66,22 @@ def venv(dist, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     run([uv, "venv", "--quiet", "--python", sys.executable, folder], env=env)
     python = folder / "bin" / "python"
-    run([uv, "pip", "install", "--quiet", "--python", python, f"torch=={installed('torch').split('+')[0]}",
-         f"torchtitan=={installed('torchtitan')}", "triton", dist[0]], env=env, timeout=1800)
+    run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            python,
+            f"torch=={installed('torch').split('+')[0]}",
+            f"torchtitan=={installed('torchtitan')}",
+            "triton",
+            dist[0],
+        ],
+        env=env,
+        timeout=1800,
+    )
     return python, env
 
 
@@ -72,35 +91,50 @@ def project(tmp_path):
     folder = tmp_path / "project"
     folder.mkdir()
     shutil.copy(FAKE_RANK, folder / "fake_rank.py")
-    (folder / "fake.yaml").write_text(fake_matrix(modes=["pass", "fail"]).replace(str(FAKE_RANK), str(folder / "fake_rank.py")))
+    (folder / "fake.yaml").write_text(
+        fake_matrix(modes=["pass", "fail"]).replace(str(FAKE_RANK), str(folder / "fake_rank.py"))
+    )
     (folder / "test_plain.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
     return folder
 
 
 def pytest_in(venv, folder, *args, timeout=1800):
     python, env = venv
-    return subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(python), "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_the_installed_wheel_runs_the_profile_a_fake_matrix_and_a_real_cell_from_another_folder(venv, project):
     python, _ = venv
-    site = Path(run([python, "-c", "import pytest_simplefsdp, os; print(os.path.dirname(pytest_simplefsdp.__file__))"],
-                    cwd=project, env=venv[1]).stdout.strip())
+    site = Path(
+        run(
+            [python, "-c", "import pytest_simplefsdp, os; print(os.path.dirname(pytest_simplefsdp.__file__))"],
+            cwd=project,
+            env=venv[1],
+        ).stdout.strip()
+    )
     assert not str(site).startswith(str(REPO)), site  # the wheel's copy, not this checkout's
     before = sorted(p.relative_to(site) for p in site.rglob("*") if "__pycache__" not in p.parts)
 
     dry = pytest_in(venv, project, "--simplefsdp-matrix", "--simplefsdp-dry-run", "-q")
     assert dry.returncode == 0, dry.stdout[-3000:]
-    assert "matrix/cpu.yaml::llama3-dp2-eager SKIPPED" in dry.stdout or "matrix/cpu.yaml::llama3-dp2-eager" in dry.stdout
+    assert (
+        "matrix/cpu.yaml::llama3-dp2-eager SKIPPED" in dry.stdout or "matrix/cpu.yaml::llama3-dp2-eager" in dry.stdout
+    )
     assert re.search(r"\d+ skipped", dry.stdout)
 
-    fake = pytest_in(venv, project, "--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml",
-                     "--simplefsdp-confirm=1")
+    fake = pytest_in(
+        venv, project, "--simplefsdp-matrix", "--simplefsdp-matrix-file=fake.yaml", "--simplefsdp-confirm=1"
+    )
     assert fake.returncode == 1 and "1 failed, 1 passed" in fake.stdout, fake.stdout[-3000:]
 
-    real = pytest_in(venv, project, "--simplefsdp-matrix", "-k",
-                     "llama3-dp2-eager and not fsdp2 and not spmd_types")
+    real = pytest_in(venv, project, "--simplefsdp-matrix", "-k", "llama3-dp2-eager and not fsdp2 and not spmd_types")
     assert real.returncode == 0, real.stdout[-5000:]
     assert "matrix/cpu.yaml::llama3-dp2-eager PASSED" in real.stdout
     assert list(project.glob(".simplefsdp/runs/*/results.jsonl"))  # the outputs: under the rootdir it ran in
@@ -111,13 +145,27 @@ def test_the_installed_wheel_runs_the_profile_a_fake_matrix_and_a_real_cell_from
 
 def test_a_plain_pytest_run_does_not_load_the_controller(venv, project):
     python, env = venv
-    proc = subprocess.run([str(python), "-X", "importtime", "-m", "pytest", "-p", "no:cacheprovider",
-                           "test_plain.py"], cwd=project, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(python), "-X", "importtime", "-m", "pytest", "-p", "no:cacheprovider", "test_plain.py"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert re.search(r"(?m)^plugins: .*simplefsdp-", proc.stdout)  # loaded: it adds its options, nothing else
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     ours = sorted(m for m in imported if m.startswith("pytest_simplefsdp"))
     assert "pytest_simplefsdp.options" in ours
-    assert not any(m.startswith(("pytest_simplefsdp.session", "pytest_simplefsdp.spec", "pytest_simplefsdp.judge",
-                                 "pytest_simplefsdp.report")) for m in ours), ours
+    assert not any(
+        m.startswith(
+            (
+                "pytest_simplefsdp.session",
+                "pytest_simplefsdp.spec",
+                "pytest_simplefsdp.judge",
+                "pytest_simplefsdp.report",
+            )
+        )
+        for m in ours
+    ), ours
     assert not {"tabulate", "pydantic", "re2", "ruamel.yaml", "torch"} & imported

@@ -13,14 +13,22 @@ pytest.importorskip("xdist", reason="pytest-xdist is a test dependency (tox)")
 
 def run(run_matrix, pytester, name, *args):
     out = pytester.path / f"{name}.json"
-    result = run_matrix(fake_matrix(modes=["pass", "perturb", "nan", "fail"], args=', "--delta", "0.002"',
-                                    extra=NUMERICS), f"--simplefsdp-json={out}",
-                        f"--simplefsdp-artifacts={pytester.path / name}", *args)
+    result = run_matrix(
+        fake_matrix(modes=["pass", "perturb", "nan", "fail"], args=', "--delta", "0.002"', extra=NUMERICS),
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / name}",
+        *args,
+    )
     result.assert_outcomes(passed=1, failed=3)
-    table = [" ".join(re.sub(r"\d+s\b", "", line).split()) for line in result.stdout.lines  # no times, no padding
-             if line.startswith(("layout", "pass ", "perturb ", "nan ", "fail "))]
-    cells = [{k: c[k] for k in ("id", "status", "failure_class", "losses", "error_line", "failing_rank")}
-             for c in run_doc(out)["cells"]]
+    table = [
+        " ".join(re.sub(r"\d+s\b", "", line).split())
+        for line in result.stdout.lines  # no times, no padding
+        if line.startswith(("layout", "pass ", "perturb ", "nan ", "fail "))
+    ]
+    cells = [
+        {k: c[k] for k in ("id", "status", "failure_class", "losses", "error_line", "failing_rank")}
+        for c in run_doc(out)["cells"]
+    ]
     return result, table, cells
 
 
@@ -37,10 +45,14 @@ def test_two_workers_give_the_table_and_json_of_a_serial_run(run_matrix, pyteste
     assert all(re.search(r"/xdist/gw[01]/fake/", d) for d in logs.values()), logs
 
 
-@pytest.mark.parametrize("extra, message", [
-    ("--simplefsdp-jobs=2", "--simplefsdp-jobs packs cells in one process; with pytest-xdist (-n) choose one"),
-    ("--simplefsdp-dry-run", "--simplefsdp-dry-run lists the commands in one process: drop -n"),
-], ids=["jobs", "dry-run"])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("--simplefsdp-jobs=2", "--simplefsdp-jobs packs cells in one process; with pytest-xdist (-n) choose one"),
+        ("--simplefsdp-dry-run", "--simplefsdp-dry-run lists the commands in one process: drop -n"),
+    ],
+    ids=["jobs", "dry-run"],
+)
 def test_what_cannot_work_under_xdist_says_so_at_start(run_matrix, extra, message):
     result = run_matrix(fake_matrix(), "-n", "2", extra)
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -19,8 +19,7 @@ class Needs:
 
 
 def label(values) -> str:
-    return " + ".join(f"{a}={'|'.join(map(str, v)) if isinstance(v, list) else v}" for a, v in values) \
-        or "(every cell)"
+    return " + ".join(f"{a}={'|'.join(map(str, v)) if isinstance(v, list) else v}" for a, v in values) or "(every cell)"
 
 
 def distance(a: dict, b: dict) -> int:
@@ -47,7 +46,13 @@ def needs(failing: list[dict], passing: list[dict]) -> Needs:
     for size in range(1, len(items) + 1):
         found = [s for s in combinations(items, size) if not any(_has(p, s) for p in passing)]
         if found:  # what the nearest passing cells lack, then shared values over lists, then axis order
-            best = min(found, key=lambda s: (-sum(a in contrast for a, _ in s),
-                                             sum(isinstance(v, list) for _, v in s), [order.index(a) for a, _ in s]))
+            best = min(
+                found,
+                key=lambda s: (
+                    -sum(a in contrast for a, _ in s),
+                    sum(isinstance(v, list) for _, v in s),
+                    [order.index(a) for a, _ in s],
+                ),
+            )
             return Needs(list(best), True)
     return Needs(common, False)  # a passing cell has every value they have (a flaky failure)

@@ -28,30 +28,49 @@ def confirm_record(first, again: list) -> dict:
     """A new failure's runs (its first, failed, and the confirming ones), as its record keeps them."""
     passed = sum(1 for r in again if r.status == Status.PASSED)
     runs = 1 + len(again)
-    signatures = list(dict.fromkeys(signature(r.error_text or r.error_line) for r in [first, *again]
-                                    if r.failure_class))
-    return {"runs": runs, "passed": passed, "pass_rate": round(passed / runs, 3), "signatures": signatures,
-            "folders": [r.log_dir for r in again]}
+    signatures = list(
+        dict.fromkeys(signature(r.error_text or r.error_line) for r in [first, *again] if r.failure_class)
+    )
+    return {
+        "runs": runs,
+        "passed": passed,
+        "pass_rate": round(passed / runs, 3),
+        "signatures": signatures,
+        "folders": [r.log_dir for r in again],
+    }
 
 
 def own_runs_verdict(confirm: dict) -> tuple[bool, str]:
     """(flaky, verdict) of a new failure from its own runs."""
     runs, passed = confirm["runs"], confirm["passed"]
     if passed:
-        return True, (f"flaky, new: passed {passed} of {runs} runs (no known-failures entry; "
-                      f"--simplefsdp-update-known-failures adds a kind: flaky entry with its pass rate)")
+        return True, (
+            f"flaky, new: passed {passed} of {runs} runs (no known-failures entry; "
+            f"--simplefsdp-update-known-failures adds a kind: flaky entry with its pass rate)"
+        )
     different = len(confirm.get("signatures") or [])
-    return False, f"new: failed in every one of {runs} runs" + (f" ({different} different errors)"
-                                                                 if different > 1 else "")
+    return False, f"new: failed in every one of {runs} runs" + (
+        f" ({different} different errors)" if different > 1 else ""
+    )
 
 
 def culprit_verdict(confirm: dict) -> str:
-    return (f"not this cell's failure: {confirm['culprit']} failed in every one of its {confirm['culprit_runs']} "
-            f"runs; the cell itself ran once")
+    return (
+        f"not this cell's failure: {confirm['culprit']} failed in every one of its {confirm['culprit_runs']} "
+        f"runs; the cell itself ran once"
+    )
 
 
-def decide(result, entries: list, gate=False, updating=False, confirm: dict | None = None,
-           base: dict | None = None, gated: bool | None = None, history: dict | None = None) -> Decision:
+def decide(
+    result,
+    entries: list,
+    gate=False,
+    updating=False,
+    confirm: dict | None = None,
+    base: dict | None = None,
+    gated: bool | None = None,
+    history: dict | None = None,
+) -> Decision:
     """The outcome of a finished cell. ``result``: what it did (its status before any verdict: passed, or failed
     with a class); ``entries``: the known failures that apply; ``confirm``: its own runs' record (a new failure
     confirmed, or the job that failed it run again); ``base``: the base's record of a failure asked about there
@@ -104,15 +123,31 @@ def rejudge(rec: dict, known: KnownFailures, env: dict, gate: bool = False, base
         if skip:
             return dict(rec, known_failure=skip.id, known_failure_link=skip.link, verdict=skip.reason)
         if rec.get("known_failure"):
-            return dict(rec, known_failure=None, known_failure_link=None,
-                        verdict=f"not run: entry {rec['known_failure']} skipped it; no skip entry applies now")
+            return dict(
+                rec,
+                known_failure=None,
+                known_failure_link=None,
+                verdict=f"not run: entry {rec['known_failure']} skipped it; no skip entry applies now",
+            )
         return rec
     result = CellResult.from_record(rec)
     result.status = Status.FAILED if rec.get("failure_class") else Status.PASSED  # before any verdict
     result.signature = ""
-    d = decide(result, entries, gate, confirm=rec.get("confirm"), base=rec.get("base"), gated=base is not None,
-               history=rec.get("history"))
+    d = decide(
+        result,
+        entries,
+        gate,
+        confirm=rec.get("confirm"),
+        base=rec.get("base"),
+        gated=base is not None,
+        history=rec.get("history"),
+    )
     record_decision(result, d)
     fresh = result.record()
-    return {**rec, **{k: fresh[k] for k in ("status", "verdict", "flaky", "signature", "known_failure",
-                                            "known_failure_link", "gate")}}
+    return {
+        **rec,
+        **{
+            k: fresh[k]
+            for k in ("status", "verdict", "flaky", "signature", "known_failure", "known_failure_link", "gate")
+        },
+    }

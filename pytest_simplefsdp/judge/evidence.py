@@ -90,11 +90,12 @@ def check(expects: list, log_dir: Path, ranks=None) -> list:
         if not wrong:
             out.append(Evidence(e.axis, expected, f"{e.value} on ranks {', '.join(map(str, seen))}", True))
         else:
-            by_value = {}
+            by_value: dict = {}
             for r, v in wrong.items():
                 by_value.setdefault(v, []).append(r)
-            saw = "; ".join(f"{'nothing' if v is None else v} on ranks {', '.join(map(str, rs))}"
-                            for v, rs in by_value.items())
+            saw = "; ".join(
+                f"{'nothing' if v is None else v} on ranks {', '.join(map(str, rs))}" for v, rs in by_value.items()
+            )
             out.append(Evidence(e.axis, expected, saw, False))
     return out
 
@@ -106,17 +107,22 @@ def _each_block(e: Expect, records, ranks) -> Evidence:
     expected = f"{e.key} = {e.value} for every block on every rank"
     if not any(per.values()):
         return Evidence(e.axis, expected, f"no block in {e.key} on ranks {', '.join(map(str, ranks))}", False)
-    wrong = {}
+    wrong: dict = {}
     for r, blocks in per.items():
-        for block, value in (blocks.items() if blocks else [("(none)", "nothing")]):
+        for block, value in blocks.items() if blocks else [("(none)", "nothing")]:
             if value != e.value:
                 wrong.setdefault(f"block {block}: {value}", []).append(r)
     if wrong:
-        return Evidence(e.axis, expected, "; ".join(f"{k} on ranks {', '.join(map(str, rs))}"
-                                                    for k, rs in sorted(wrong.items())), False)
+        return Evidence(
+            e.axis,
+            expected,
+            "; ".join(f"{k} on ranks {', '.join(map(str, rs))}" for k, rs in sorted(wrong.items())),
+            False,
+        )
     blocks = sorted({b for v in per.values() for b in v}, key=lambda b: (len(b), b))
-    return Evidence(e.axis, expected, f"{e.value} for blocks {', '.join(blocks)} on ranks {', '.join(map(str, ranks))}",
-                    True)
+    return Evidence(
+        e.axis, expected, f"{e.value} for blocks {', '.join(blocks)} on ranks {', '.join(map(str, ranks))}", True
+    )
 
 
 def _probe_missing(e: Expect, records, ranks) -> str | None:
@@ -129,8 +135,10 @@ def _probe_missing(e: Expect, records, ranks) -> str | None:
     for hook in e.hooks:
         unhooked = [r for r in ranks if hook not in records[r]["probe"].get("hooks", [])]
         if unhooked:
-            return (f"nothing: the evidence probe's {hook!r} hook did not attach on ranks "
-                    f"{', '.join(map(str, unhooked))} (torchtitan was imported past it)")
+            return (
+                f"nothing: the evidence probe's {hook!r} hook did not attach on ranks "
+                f"{', '.join(map(str, unhooked))} (torchtitan was imported past it)"
+            )
     return None
 
 
@@ -145,7 +153,7 @@ def _trace_entries(trace_dir: Path, key: str):
             for raw in f:
                 if raw[:1] != b"\t" and needle in raw:
                     try:
-                        n += key in json.loads(raw[raw.index(needle) + 2:])
+                        n += key in json.loads(raw[raw.index(needle) + 2 :])
                     except ValueError:
                         continue
         counts[path.name] = n
@@ -163,6 +171,10 @@ def inductor_codegen(trace_dir: Path, axis="backend=inductor") -> Evidence:
     missing = [name for name, n in counts.items() if n == 0]
     total = sum(counts.values())
     if missing:
-        return Evidence(axis, expected, f"none in {len(missing)} of {len(counts)} trace files "
-                                        f"({', '.join(missing[:3])}); {total} elsewhere", False)
+        return Evidence(
+            axis,
+            expected,
+            f"none in {len(missing)} of {len(counts)} trace files ({', '.join(missing[:3])}); {total} elsewhere",
+            False,
+        )
     return Evidence(axis, expected, f"{total} inductor output-code records in {len(counts)} trace files", True)

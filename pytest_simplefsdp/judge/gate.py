@@ -24,18 +24,26 @@ class Base:
 
     def name(self) -> str:
         """How reports name it: the ref and its commit, or the commit alone where the ref is one."""
-        return self.commit if self.commit.startswith(self.ref) or self.ref.startswith(self.commit) \
+        return (
+            self.commit
+            if self.commit.startswith(self.ref) or self.ref.startswith(self.commit)
             else f"{self.ref} ({self.commit})"
+        )
 
 
 def base_record(results: list, base: Base) -> dict:
     """The cell's runs on a PR's base (none: not run there), as its record keeps them."""
     ran = [r for r in results if not r.not_run]
     failed = [r for r in ran if r.status != Status.PASSED]
-    return {**base.about(), "runs": len(ran), "passed": len(ran) - len(failed),
-            "signatures": list(dict.fromkeys(signature(r.error_text or r.error_line) for r in failed)),
-            "lines": list(dict.fromkeys(r.error_line or "" for r in failed)),
-            "folders": [r.log_dir for r in results], "not_run": [r.error_line for r in results if r.not_run]}
+    return {
+        **base.about(),
+        "runs": len(ran),
+        "passed": len(ran) - len(failed),
+        "signatures": list(dict.fromkeys(signature(r.error_text or r.error_line) for r in failed)),
+        "lines": list(dict.fromkeys(r.error_line or "" for r in failed)),
+        "folders": [r.log_dir for r in results],
+        "not_run": [r.error_line for r in results if r.not_run],
+    }
 
 
 def gate_class(mine: str, flaky: bool, verdict: str, record: dict) -> tuple[GateClass, str]:
@@ -53,8 +61,10 @@ def gate_class(mine: str, flaky: bool, verdict: str, record: dict) -> tuple[Gate
     if passed == runs:
         return GateClass.NEW, f"new: fails here, passes on {at} ({runs} of {runs} runs)"
     if theirs == [mine]:
-        return (GateClass.BROKEN_TRUNK, f"broken trunk: fails on {at} too, with the same signature "
-                                        f"({runs} of {runs} runs): {mine}")
+        return (
+            GateClass.BROKEN_TRUNK,
+            f"broken trunk: fails on {at} too, with the same signature ({runs} of {runs} runs): {mine}",
+        )
     return GateClass.NEW, f"new: fails on {at} too, but differently; here: {mine}; base: {'; '.join(theirs)}"
 
 
@@ -84,9 +94,20 @@ def numerics_vs_base(mine, theirs, lane, base: Base) -> dict:
     line = None
     if changed:
         moved = ", ".join(f"{k.replace('_', ' ')} {v:.2e}" for k, v in size.items() if v)
-        line = (f"numerics changed vs the base {base.name()}: largest relative change {moved or 'none'}"
-                + (f", {weights} loaded weight(s) differ" if weights else "")
-                + (f"; beyond the cell's tolerance (lane {lane.name})" if beyond
-                   else f"; within the cell's tolerance (lane {lane.name})"))
-    return {**base.about(), "changed": changed, "beyond": beyond, "size": size, "weights_differing": weights,
-            "line": line}
+        line = (
+            f"numerics changed vs the base {base.name()}: largest relative change {moved or 'none'}"
+            + (f", {weights} loaded weight(s) differ" if weights else "")
+            + (
+                f"; beyond the cell's tolerance (lane {lane.name})"
+                if beyond
+                else f"; within the cell's tolerance (lane {lane.name})"
+            )
+        )
+    return {
+        **base.about(),
+        "changed": changed,
+        "beyond": beyond,
+        "size": size,
+        "weights_differing": weights,
+        "line": line,
+    }

@@ -20,13 +20,17 @@ def pass_rate(rows: list) -> tuple[int, int]:
 def flaky_verdict(history: dict | None, signature: str) -> str | None:
     """The verdict of a failure with ``signature`` that its history shows as intermittent: the same signature
     failed in an earlier run on these versions and a later run passed. None where it does not."""
-    rows = (history or {}).get("runs") or []
+    if not history:
+        return None
+    rows = history.get("runs") or []
     for newer, row in enumerate(rows):
         if row.get("failure_class") and row.get("signature") == signature:
             passed_since = [r for r in rows[:newer] if r["status"] == Status.PASSED and not r.get("failure_class")]
             if passed_since:
                 passed, runs = pass_rate(rows)
-                return (f"flaky, new: failed the same way in run {row['run']} ({row['at']}) and passed since, in "
-                        f"run {passed_since[-1]['run']}, on these versions: passed {passed} of its last {runs} "
-                        f"runs (history {history['store']})")
+                return (
+                    f"flaky, new: failed the same way in run {row['run']} ({row['at']}) and passed since, in "
+                    f"run {passed_since[-1]['run']}, on these versions: passed {passed} of its last {runs} "
+                    f"runs (history {history['store']})"
+                )
     return None

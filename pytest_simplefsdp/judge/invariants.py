@@ -35,13 +35,18 @@ class Invariants:
     check: str | None = None  # changed, replicas, steps, lr: which invariant failed
 
     def record(self):
-        return {"ranks": self.ranks, "steps": self.steps, "params": self.params, "violation": self.violation,
-                "check": self.check}
+        return {
+            "ranks": self.ranks,
+            "steps": self.steps,
+            "params": self.params,
+            "violation": self.violation,
+            "check": self.check,
+        }
 
 
 def read_steps(log_dir) -> dict:
     """rank -> step -> its record, from the ranks' steps.rank<R>.jsonl (a line cut by a kill is skipped)."""
-    out = {}
+    out: dict = {}
     for path in sorted(probe_folder(log_dir).glob("steps.rank*.jsonl")):
         rank = int(path.name.split(".")[1].removeprefix("rank"))
         for line in path.read_text(errors="replace").splitlines():
@@ -60,14 +65,19 @@ def check(log_dir, world: int) -> Invariants:
     missing = [r for r in range(world) if r not in records]
     if missing:
         out.check = "steps"
-        out.violation = (f"the training probe recorded no optimizer step on ranks {', '.join(map(str, missing))}"
-                         + (f" (it did on ranks {', '.join(map(str, out.ranks))})" if out.ranks else ""))
+        out.violation = f"the training probe recorded no optimizer step on ranks {', '.join(map(str, missing))}" + (
+            f" (it did on ranks {', '.join(map(str, out.ranks))})" if out.ranks else ""
+        )
         return out
     steps = sorted(set().union(*(set(s) for s in records.values())))
     out.steps = len(steps)
     for step in steps:
-        for found in (_counts(records, step), _learning_rates(records, step), _changed(records, step, out),
-                      _replicas(records, step)):
+        for found in (
+            _counts(records, step),
+            _learning_rates(records, step),
+            _changed(records, step, out),
+            _replicas(records, step),
+        ):
             if found:
                 out.check, out.violation = found
                 return out
@@ -84,8 +94,10 @@ def _counts(records, step):
         want = step - min(records[rank]) + 1  # (a step's record is written after its scheduler step)
         for what in ("optimizer_steps", "scheduler_steps"):
             if rec.get(what) != want:
-                return "steps", (f"rank {rank} ran {rec.get(what)} {what.replace('_', ' ')} by the end of step {step} "
-                                 f"(one per training step: {want})")
+                return "steps", (
+                    f"rank {rank} ran {rec.get(what)} {what.replace('_', ' ')} by the end of step {step} "
+                    f"(one per training step: {want})"
+                )
     return None
 
 
@@ -106,8 +118,10 @@ def _changed(records, step, out):
         for fqn, entry in params.items():
             lr = entry[LR]
             if entry[GRAD] and lr and not entry[CHANGED]:
-                return "changed", (f"rank {rank}: {fqn} did not change in the optimizer step of step {step} "
-                                   f"(its gradient there is nonzero, learning rate {lr:g})")
+                return "changed", (
+                    f"rank {rank}: {fqn} did not change in the optimizer step of step {step} "
+                    f"(its gradient there is nonzero, learning rate {lr:g})"
+                )
     return None
 
 
@@ -122,15 +136,17 @@ def _replicas(records, step):
         other = next(((r, h) for r, h in held[1:] if h != first), None)
         if other:
             where = f" (piece {piece})" if piece else ""
-            return "replicas", (f"{fqn}{where}: the copies on ranks {first_rank} and {other[0]} differ after the "
-                                f"optimizer step of step {step} (a replica missed or diverged from an update)")
+            return "replicas", (
+                f"{fqn}{where}: the copies on ranks {first_rank} and {other[0]} differ after the "
+                f"optimizer step of step {step} (a replica missed or diverged from an update)"
+            )
     return None
 
 
 def update_norms(log_dir) -> dict:
     """step -> FQN -> the norm of the parameter's update in that step (its distinct pieces' squares summed)."""
-    out = {}
-    for rank, steps in sorted(read_steps(log_dir).items()):
+    out: dict = {}
+    for _rank, steps in sorted(read_steps(log_dir).items()):
         for step, rec in steps.items():
             pieces = out.setdefault(step, {})
             for fqn, entry in rec.get("params", {}).items():

@@ -25,7 +25,7 @@ from ..yamlio import MatrixError, line_of, load_yaml, plain
 ENTRY_KEYS = {
     "id": "stable name of the entry (letters, digits, - _ .)",
     "when": "conditions: axis: value | [values] | '>1' (also profile, target, device, tier, torch, torchtitan "
-            "release ranges, torchtitan_commit ranges: '>=5dd944e62', '<1a2b3c4d', '>=A,<B')",
+    "release ranges, torchtitan_commit ranges: '>=5dd944e62', '<1a2b3c4d', '>=A,<B')",
     "error": "regex searched in the normalised error signature (and the raw error text)",
     "kind": "xfail (run, expect this failure) | flaky (pass or this failure) | skip (do not run)",
     "link": "upstream issue, PR or review comment (required)",
@@ -43,8 +43,14 @@ VERSION_KEYS = {"torch", "torchtitan"}
 # entry where torchtitan is installed from a commit (main says 0.2.2 at every commit: a release range says nothing)
 COMMIT_KEY = "torchtitan_commit"
 COMPARISON = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+)\s*$")
-_OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
-        "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+_OPS = {
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+}
 
 
 def signature(error_text: str | None) -> str:
@@ -147,9 +153,11 @@ def scope_problem(entry: Entry, env: dict) -> str | None:
     checkout cannot order."""
     commit = env.get(COMMIT_KEY)
     if commit is not None and "torchtitan" in entry.when and COMMIT_KEY not in entry.when:
-        return (f"torchtitan: {entry.when['torchtitan']!r} is a release range, but torchtitan here runs commit "
-                f"{commit.sha[:12]} (its version string, {env.get('torchtitan')}, names no release): scope it by "
-                f"commit as well ({COMMIT_KEY}: '>=<first failing commit>')")
+        return (
+            f"torchtitan: {entry.when['torchtitan']!r} is a release range, but torchtitan here runs commit "
+            f"{commit.sha[:12]} (its version string, {env.get('torchtitan')}, names no release): scope it by "
+            f"commit as well ({COMMIT_KEY}: '>=<first failing commit>')"
+        )
     if commit is not None and COMMIT_KEY in entry.when:
         try:
             commit.holds(str(entry.when[COMMIT_KEY]))
@@ -195,12 +203,14 @@ def load_known_failures(path, axis_names: set, profiles=None) -> KnownFailures:
         return KnownFailures(path, [])
     if not isinstance(doc, list):
         raise MatrixError(f"{path}:1: known failures must be a YAML list of entries")
-    entries, ids = [], {}
+    entries: list = []
+    ids: dict = {}
     for i, node in enumerate(doc):
         entry = _entry(path, node, line_of(path, doc, index=i), axis_names, profiles)
         if entry.id in ids:
-            raise MatrixError(f"{line_of(path, node, key='id')}: duplicate entry id {entry.id!r} "
-                              f"(first at {ids[entry.id]})")
+            raise MatrixError(
+                f"{line_of(path, node, key='id')}: duplicate entry id {entry.id!r} (first at {ids[entry.id]})"
+            )
         ids[entry.id] = entry.where
         entries.append(entry)
     return KnownFailures(path, entries)
@@ -213,12 +223,15 @@ def _entry(path, node, where, axis_names, profiles=None) -> Entry:
     at = lambda key: f"{line_of(path, node, key=key)}: entry {eid!r}"  # noqa: E731 - where a key's problem is
     for key in node:
         if key not in ENTRY_KEYS:
-            raise MatrixError(f"{at(key)}: unknown key {key!r}; allowed: {', '.join(ENTRY_KEYS)}"
-                              + did_you_mean(key, ENTRY_KEYS))
+            raise MatrixError(
+                f"{at(key)}: unknown key {key!r}; allowed: {', '.join(ENTRY_KEYS)}" + did_you_mean(key, ENTRY_KEYS)
+            )
     for key in ("id", "when", "error", "kind", "link", "reason"):
         if not node.get(key) and not (key == "error" and node.get("kind") == KnownKind.SKIP):
-            raise MatrixError(f"{where}: entry {eid!r}: missing `{key}`" +
-                              (" (the upstream issue, PR or review comment)" if key == "link" else ""))
+            raise MatrixError(
+                f"{where}: entry {eid!r}: missing `{key}`"
+                + (" (the upstream issue, PR or review comment)" if key == "link" else "")
+            )
     if not re.fullmatch(r"[\w.\-]+", eid):
         raise MatrixError(f"{line_of(path, node, key='id')}: entry id {eid!r}: use letters, digits, - _ .")
     link = str(node["link"]).strip()
@@ -237,15 +250,28 @@ def _entry(path, node, where, axis_names, profiles=None) -> Entry:
     classes = plain(node.get("classes") or [])
     unknown = [c for c in (classes if isinstance(classes, list) else [classes]) if c not in set(FailureClass)]
     if unknown or not isinstance(classes, list):
-        raise MatrixError(f"{at('classes')}: classes {classes!r}: not a list of failure classes "
-                          f"({', '.join(c.value for c in FailureClass)})")
+        raise MatrixError(
+            f"{at('classes')}: classes {classes!r}: not a list of failure classes "
+            f"({', '.join(c.value for c in FailureClass)})"
+        )
     pattern = _pattern(str(node["error"]), at("error")) if node.get("error") else None
     window = {key: _window(plain(node[key]), at(key), key) for key in WINDOW_KEYS if key in node}
     rate = node.get("pass_rate")
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1):
         raise MatrixError(f"{at('pass_rate')}: pass_rate {rate!r} must be a number from 0 to 1")
-    return Entry(eid, plain(node["when"]), str(node.get("error") or ""), kind, link, str(node["reason"]),
-                 classes, where, pattern, foreign, window)
+    return Entry(
+        eid,
+        plain(node["when"]),
+        str(node.get("error") or ""),
+        kind,
+        link,
+        str(node["reason"]),
+        classes,
+        where,
+        pattern,
+        foreign,
+        window,
+    )
 
 
 def _window(value, where, key):
@@ -263,7 +289,7 @@ def _window(value, where, key):
     return {p: str(v) for p, v in value.items()}
 
 
-def outside_window(entry: Entry, versions: dict) -> str | None:
+def outside_window(entry: Entry, versions: dict | None) -> str | None:
     """Why the versions a cell ran on lie where the entry's window says the cell passes, or None (inside it, or
     no window, or versions it cannot order, such as commits)."""
     for package, ran in (versions or {}).items():
@@ -272,7 +298,7 @@ def outside_window(entry: Entry, versions: dict) -> str | None:
         except InvalidVersion:
             continue
 
-        def at(key):
+        def at(key, package=package):
             v = entry.window.get(key, {}).get(package)
             try:
                 return Version(v) if v else None
@@ -294,9 +320,11 @@ def _check_when(path, when, eid, axis_names):
         kwhere = line_of(path, when, key=key)
         known = ENV_KEYS | VERSION_KEYS | {COMMIT_KEY}
         if axis_names is not None and key not in axis_names and key not in known:
-            raise MatrixError(f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
-                              f"{', '.join(sorted(axis_names))}; environment: {', '.join(sorted(known))}"
-                              + did_you_mean(key, set(axis_names) | known))
+            raise MatrixError(
+                f"{kwhere}: entry {eid!r}: condition on unknown axis {key!r}; axes: "
+                f"{', '.join(sorted(axis_names))}; environment: {', '.join(sorted(known))}"
+                + did_you_mean(key, set(axis_names) | known)
+            )
         if key == COMMIT_KEY:
             try:
                 commit_clauses(str(cond))
@@ -306,8 +334,9 @@ def _check_when(path, when, eid, axis_names):
             try:
                 SpecifierSet(str(cond))
             except InvalidSpecifier:
-                raise MatrixError(f"{kwhere}: entry {eid!r}: {key}: {cond!r} is not a version range "
-                                  f"(e.g. '>=2.13,<2.15')") from None
+                raise MatrixError(
+                    f"{kwhere}: entry {eid!r}: {key}: {cond!r} is not a version range (e.g. '>=2.13,<2.15')"
+                ) from None
 
 
 def _pattern(error, where):
@@ -330,5 +359,3 @@ def could_apply(entry: Entry, axes: dict, env: dict) -> bool:
     """Whether an entry matches a cell in some environment (versions and tier are not checked)."""
     fixed = {k: v for k, v in entry.when.items() if k not in VERSION_KEYS and k not in (COMMIT_KEY, "tier")}
     return applies(Entry(entry.id, fixed, entry.error, entry.kind, entry.link, entry.reason), axes, env)
-
-

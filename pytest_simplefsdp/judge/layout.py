@@ -68,13 +68,15 @@ def degree_evidence(axes: dict, records: dict, ranks, rules=()) -> list:
             continue
         size = degree.size(axes)
         label = f"{degree.axis}={axes[degree.axis]}"
-        exempt, checked, wrong = {}, {}, {}  # rule.why -> fqns; rank -> (params, bytes, bytes right)
+        exempt: dict = {}
+        checked: dict = {}
+        wrong: dict = {}  # rule.why -> fqns; rank -> (params, bytes, bytes right)
         for rank in ranks:
             n = good = total = right = 0
             for fqn, entry in _params(records.get(rank, {})).items():
                 want, rule = wanted(degree, fqn, axes, rules)
-                if want is None:
-                    exempt.setdefault(rule.why, set()).add(fqn)
+                if want is None:  # exempt by its rule
+                    exempt.setdefault(rule.why if rule else "", set()).add(fqn)
                     continue
                 got = degree.of(entry[3])
                 n, total = n + 1, total + _bytes(entry)
@@ -96,8 +98,10 @@ def degree_evidence(axes: dict, records: dict, ranks, rules=()) -> list:
         if not wrong:
             out.append(Evidence(label, expected, f"{share}, on ranks {_ranks(ranks)}", True))
             continue
-        shown = [f"{fqn} over {got}{'' if want == size else f' (its rule: {want})'} on ranks {_ranks(rs)}"
-                 for (fqn, got, want), rs in sorted(wrong.items(), key=lambda kv: kv[0][0])]
+        shown = [
+            f"{fqn} over {got}{'' if want == size else f' (its rule: {want})'} on ranks {_ranks(rs)}"
+            for (fqn, got, want), rs in sorted(wrong.items(), key=lambda kv: kv[0][0])
+        ]
         more = f"; and {len(shown) - 3} more" if len(shown) > 3 else ""
         out.append(Evidence(label, expected, f"{share} on rank {worst}: " + "; ".join(shown[:3]) + more, False))
     return out
@@ -108,22 +112,31 @@ def stage_evidence(axes: dict, records: dict, ranks) -> Evidence:
     of them, every block of the model in one."""
     label, pp = f"pp={axes['pp']}", int(axes["pp"])
     held = {r: tuple(records.get(r, {}).get("effects", {}).get("layers") or ()) for r in ranks}
-    total = next((records[r]["effects"].get("model_layers") for r in ranks
-                  if records.get(r, {}).get("effects", {}).get("model_layers")), None)
+    total = next(
+        (
+            records[r]["effects"].get("model_layers")
+            for r in ranks
+            if records.get(r, {}).get("effects", {}).get("model_layers")
+        ),
+        None,
+    )
     expected = f"{pp} stages holding each of the model's {total or '?'} blocks once"
     stages = sorted(set(held.values()))
-    seen = "; ".join(f"blocks {','.join(s) or 'none'} on ranks {_ranks(r for r in ranks if held[r] == s)}"
-                     for s in stages)
-    count = {}
+    seen = "; ".join(
+        f"blocks {','.join(s) or 'none'} on ranks {_ranks(r for r in ranks if held[r] == s)}" for s in stages
+    )
+    count: dict = {}
     for s in stages:
         for block in s:
             count[block] = count.get(block, 0) + 1
     twice = sorted((b for b, n in count.items() if n > 1), key=int)
     missing = [str(b) for b in range(total or 0) if str(b) not in count]
-    problems = ([f"{len(stages)} distinct stages"] if len(stages) != pp else []) + \
-        ([f"blocks {','.join(twice)} on more than one stage"] if twice else []) + \
-        ([f"blocks {','.join(missing)} on none"] if missing else []) + \
-        (["the model's block count not recorded"] if not total else [])
+    problems = (
+        ([f"{len(stages)} distinct stages"] if len(stages) != pp else [])
+        + ([f"blocks {','.join(twice)} on more than one stage"] if twice else [])
+        + ([f"blocks {','.join(missing)} on none"] if missing else [])
+        + (["the model's block count not recorded"] if not total else [])
+    )
     return Evidence(label, expected, "; ".join(problems + [seen]), not problems)
 
 
@@ -131,7 +144,7 @@ def expected_bytes(axes: dict, params: dict, rules=()) -> tuple[int, int]:
     """(the bytes a rank holding ``params`` should hold under the label, the padding allowance): each parameter's
     bytes over the sizes of the degrees that split it (its rules' sizes; exempt: 1); two slices of a parameter whose
     split may be uneven (a dimension the split's size does not divide)."""
-    total = allowance = 0
+    total, allowance = 0.0, 0
     for fqn, entry in params.items():
         factor = 1
         for degree in PLACED:
@@ -161,8 +174,11 @@ class Memory:
     def problems(self) -> list:
         out = []
         for rank, r in sorted(self.ranks.items()):
-            for kind, want, slack in (("params", r["expected"], r["allowance"]), ("grads", r["expected"], r["allowance"]),
-                                      ("optimizer", 2 * r["expected"], 2 * r["allowance"])):
+            for kind, want, slack in (
+                ("params", r["expected"], r["allowance"]),
+                ("grads", r["expected"], r["allowance"]),
+                ("optimizer", 2 * r["expected"], 2 * r["allowance"]),
+            ):
                 if kind == "optimizer" and not r.get("adam"):
                     continue  # AdamW's two moments per parameter; another optimizer's state is only reported
                 if abs(r[kind] - want) > slack:
@@ -171,27 +187,38 @@ class Memory:
 
     def evidence(self) -> Evidence:
         most = max(r["expected"] for r in self.ranks.values())
-        expected = (f"each rank's parameter, gradient and AdamW state bytes as the layout implies (at most "
-                    f"{most} of the model's {self.model_bytes} parameter bytes, {most / self.model_bytes:.3f})")
+        expected = (
+            f"each rank's parameter, gradient and AdamW state bytes as the layout implies (at most "
+            f"{most} of the model's {self.model_bytes} parameter bytes, {most / self.model_bytes:.3f})"
+        )
         problems = self.problems()
         if problems:
             more = f"; and {len(problems) - 2} more" if len(problems) > 2 else ""
             return Evidence("memory", expected, "; ".join(problems[:2]) + more, False)
-        return Evidence("memory", expected, f"within the padding allowance on ranks {_ranks(sorted(self.ranks))} "
-                                            f"(held / expected: {self.ratio():.4f})", True)
+        return Evidence(
+            "memory",
+            expected,
+            f"within the padding allowance on ranks {_ranks(sorted(self.ranks))} (held / expected: {self.ratio():.4f})",
+            True,
+        )
 
     def record(self) -> dict:
         held = max(r["params"] for r in self.ranks.values())
         most = max(r["expected"] for r in self.ranks.values())
         ratio = self.ratio()
-        return {"model_bytes": self.model_bytes, "share": held / self.model_bytes,
-                "expected_share": most / self.model_bytes, "ratio": None if math.isnan(ratio) else ratio,
-                "ranks": {str(k): v for k, v in sorted(self.ranks.items())}}
+        return {
+            "model_bytes": self.model_bytes,
+            "share": held / self.model_bytes,
+            "expected_share": most / self.model_bytes,
+            "ratio": None if math.isnan(ratio) else ratio,
+            "ranks": {str(k): v for k, v in sorted(self.ranks.items())},
+        }
 
 
 def memory(axes: dict, records: dict, ranks, rules=()) -> Memory | None:
     """The memory of the ranks that recorded it (None: no rank did, e.g. a target without the probe)."""
-    model, out = {}, {}
+    model: dict = {}
+    out: dict = {}
     for rank in ranks:
         effects = records.get(rank, {}).get("effects", {})
         held, params = effects.get("memory"), _params(records.get(rank, {}))
@@ -201,8 +228,12 @@ def memory(axes: dict, records: dict, ranks, rules=()) -> Memory | None:
             model.setdefault(fqn, _bytes(entry))
         expected, allowance = expected_bytes(axes, params, rules)
         adam = any(name.startswith("Adam") for name in held.get("optimizer_class", ()))
-        out[rank] = {**{k: held.get(k) for k in ("params", "grads", "optimizer", "peak")},
-                     "expected": expected, "allowance": allowance, "adam": adam}
+        out[rank] = {
+            **{k: held.get(k) for k in ("params", "grads", "optimizer", "peak")},
+            "expected": expected,
+            "allowance": allowance,
+            "adam": adam,
+        }
     if not out:
         return None
     return Memory(sum(model.values()), out)

@@ -31,45 +31,95 @@ def _compiled(a):
 
 # torchtitan 0.3 graph_trainer (the shim's mutants.py implements each by name; a test checks both ways)
 TITAN03 = (
-    Mutant("expert_grad_divide", "expert gradients divided by an extra 2, as when reduced over the wrong mesh "
-           "(torchtitan issue 1551, fixed for SimpleFSDP in PR 1793 by gradient_divide_factor)",
-           lambda a: a.get("ep", 1) > 1),
-    Mutant("reduce_scatter_sum", "FSDP's gradient reduce-scatter sums over the data-parallel ranks instead of "
-           "averaging", lambda a: a.get("dp_replicate", 1) * a.get("dp_shard", 1) > 1),
+    Mutant(
+        "expert_grad_divide",
+        "expert gradients divided by an extra 2, as when reduced over the wrong mesh "
+        "(torchtitan issue 1551, fixed for SimpleFSDP in PR 1793 by gradient_divide_factor)",
+        lambda a: a.get("ep", 1) > 1,
+    ),
+    Mutant(
+        "reduce_scatter_sum",
+        "FSDP's gradient reduce-scatter sums over the data-parallel ranks instead of averaging",
+        lambda a: a.get("dp_replicate", 1) * a.get("dp_shard", 1) > 1,
+    ),
     Mutant("dropped_grad", "one parameter's gradient (norm.weight) silently lost", lambda a: True),
-    Mutant("pp_stage_skips_backward", "the first pipeline stage runs no backward (its gradients stay zero)",
-           lambda a: a.get("pp", 1) > 1),
-    Mutant("expert_placement", "sharded expert weights land on the wrong slots of their EP rank after the "
-           "checkpoint load", lambda a: a.get("ep", 1) > 1),
-    Mutant("compile_falls_back_to_eager", "compile.mode aot_fx_trace configured, the step silently runs eager",
-           _compiled),
-    Mutant("lost_update", "rank 1's optimizer update of its one-dimensional parameter shards (the norm weights) is "
-           "undone every step: correct gradients, half of every norm layer never trains", lambda a: True),
+    Mutant(
+        "pp_stage_skips_backward",
+        "the first pipeline stage runs no backward (its gradients stay zero)",
+        lambda a: a.get("pp", 1) > 1,
+    ),
+    Mutant(
+        "expert_placement",
+        "sharded expert weights land on the wrong slots of their EP rank after the checkpoint load",
+        lambda a: a.get("ep", 1) > 1,
+    ),
+    Mutant(
+        "compile_falls_back_to_eager", "compile.mode aot_fx_trace configured, the step silently runs eager", _compiled
+    ),
+    Mutant(
+        "lost_update",
+        "rank 1's optimizer update of its one-dimensional parameter shards (the norm weights) is "
+        "undone every step: correct gradients, half of every norm layer never trains",
+        lambda a: True,
+    ),
     # a label applied to part of the model: training unchanged, so only the layout evidence can see it
-    Mutant("fsdp_partial", "SimpleFSDP shards every module but the output projection, replicated over the same mesh "
-           "(the same training; the module held whole on every rank)",
-           lambda a: a.get("dp_shard", 1) > 1 and a.get("dp_replicate", 1) == 1 and a.get("tp", 1) == 1
-           and a.get("trainer") != "fsdp2"),
-    Mutant("memory_policy_partial", "the memory policy tags every transformer block but the first (its "
-           "activations all kept)", lambda a: a.get("memory_policy", "none") != "none"
-           and a.get("compile", "aot_fx_trace") == "aot_fx_trace"),
-    Mutant("replicate_partial", "HSDP replicates every module over dp_replicate but the output projection, "
-           "sharded instead (over the replicate mesh, or over fsdp alone under hybrid sharding)",
-           lambda a: a.get("dp_replicate", 1) > 1 and a.get("tp", 1) == 1 and a.get("trainer") != "fsdp2"),
-    Mutant("tp_partial", "TP shards every column-wise projection but the first, whose weight every TP rank holds "
-           "whole (the same forward and gradients)", lambda a: a.get("tp", 1) > 1 and a.get("trainer") != "fsdp2"),
-    Mutant("ep_partial", "EP shards the routed experts of every MoE layer but the first, which it leaves to the "
-           "dense mesh as with EP 1 (sharded over fsdp, tokens routed locally: the same training)",
-           lambda a: a.get("ep", 1) > 1 and a.get("tp", 1) == 1 and a.get("trainer") != "fsdp2"),
-    Mutant("pp_partial", "the pipeline split leaves the model's last block out of every stage",
-           lambda a: a.get("pp", 1) > 1),
+    Mutant(
+        "fsdp_partial",
+        "SimpleFSDP shards every module but the output projection, replicated over the same mesh "
+        "(the same training; the module held whole on every rank)",
+        lambda a: (
+            a.get("dp_shard", 1) > 1
+            and a.get("dp_replicate", 1) == 1
+            and a.get("tp", 1) == 1
+            and a.get("trainer") != "fsdp2"
+        ),
+    ),
+    Mutant(
+        "memory_policy_partial",
+        "the memory policy tags every transformer block but the first (its activations all kept)",
+        lambda a: a.get("memory_policy", "none") != "none" and a.get("compile", "aot_fx_trace") == "aot_fx_trace",
+    ),
+    Mutant(
+        "replicate_partial",
+        "HSDP replicates every module over dp_replicate but the output projection, "
+        "sharded instead (over the replicate mesh, or over fsdp alone under hybrid sharding)",
+        lambda a: a.get("dp_replicate", 1) > 1 and a.get("tp", 1) == 1 and a.get("trainer") != "fsdp2",
+    ),
+    Mutant(
+        "tp_partial",
+        "TP shards every column-wise projection but the first, whose weight every TP rank holds "
+        "whole (the same forward and gradients)",
+        lambda a: a.get("tp", 1) > 1 and a.get("trainer") != "fsdp2",
+    ),
+    Mutant(
+        "ep_partial",
+        "EP shards the routed experts of every MoE layer but the first, which it leaves to the "
+        "dense mesh as with EP 1 (sharded over fsdp, tokens routed locally: the same training)",
+        lambda a: a.get("ep", 1) > 1 and a.get("tp", 1) == 1 and a.get("trainer") != "fsdp2",
+    ),
+    Mutant(
+        "pp_partial",
+        "the pipeline split leaves the model's last block out of every stage",
+        lambda a: a.get("pp", 1) > 1,
+    ),
     # from step 2 on: an update, a schedule and a state that go wrong after the first step
-    Mutant("update_lost_from_step2", "from step 2, rank 1's optimizer update of its attention weights is undone",
-           lambda a: True),
-    Mutant("lr_skew_from_step2", "after step 1, rank 1's LR scheduler steps once more: from step 2 its learning "
-           "rate runs ahead of the other ranks'", lambda a: True),
-    Mutant("optimizer_state_lost_at_step2", "right before step 2's update, rank 1's optimizer state (AdamW's "
-           "moments and step counts) is reset: its step-2 update is a first step's", lambda a: True),
+    Mutant(
+        "update_lost_from_step2",
+        "from step 2, rank 1's optimizer update of its attention weights is undone",
+        lambda a: True,
+    ),
+    Mutant(
+        "lr_skew_from_step2",
+        "after step 1, rank 1's LR scheduler steps once more: from step 2 its learning "
+        "rate runs ahead of the other ranks'",
+        lambda a: True,
+    ),
+    Mutant(
+        "optimizer_state_lost_at_step2",
+        "right before step 2's update, rank 1's optimizer state (AdamW's "
+        "moments and step counts) is reset: its step-2 update is a first step's",
+        lambda a: True,
+    ),
 )
 
 
@@ -81,15 +131,20 @@ def parse_names(value: str, known: tuple) -> list:
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = [n for n in names if n not in by_name]
     if unknown or not names:
-        raise ValueError(f"unknown mutant {', '.join(map(repr, unknown)) or repr(value)}; "
-                         f"known: {', '.join(by_name) or 'none for this target'}, or all")
+        raise ValueError(
+            f"unknown mutant {', '.join(map(repr, unknown)) or repr(value)}; "
+            f"known: {', '.join(by_name) or 'none for this target'}, or all"
+        )
     return [by_name[n] for n in names]
 
 
 def applied(log_dir, name) -> int:
     """How many places the shim changed for the mutant, summed over ranks (0: it had nothing to act on)."""
-    return sum(int(rec.get("mutant", {}).get("applied", 0)) for rec in read_probes(probe_folder(log_dir)).values()
-               if rec.get("mutant", {}).get("name") == name)
+    return sum(
+        int(rec.get("mutant", {}).get("applied", 0))
+        for rec in read_probes(probe_folder(log_dir)).values()
+        if rec.get("mutant", {}).get("name") == name
+    )
 
 
 def killed_by(result) -> str | None:
@@ -115,8 +170,10 @@ def judge(result, mutant: Mutant):
     caught = f"[{result.failure_class}] {result.error_line}" if result.failure_class else ""
     if not acted:
         result.mutation = Mutation.INCONCLUSIVE
-        result.verdict = (f"mutant {mutant.name} did not act in this run (nothing of its kind to change"
-                          f"{', or the run failed first: ' + caught if caught else ''})")
+        result.verdict = (
+            f"mutant {mutant.name} did not act in this run (nothing of its kind to change"
+            f"{', or the run failed first: ' + caught if caught else ''})"
+        )
     elif result.killed_by:
         result.mutation = Mutation.KILLED
         result.verdict = f"mutant {mutant.name} killed by the {result.killed_by} check: {caught}"

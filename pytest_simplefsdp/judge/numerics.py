@@ -50,9 +50,17 @@ def compare(losses: dict, baseline: dict, lane: Lane):
     allowed = math.floor(lane.max_miss * len(steps))
     hard = any(r["cell"] is None or r["cell"] != r["cell"] for r in rows)
     ok = bool(steps) and misses <= allowed and not hard and not extra
-    report = {"lane": lane.name, "rtol": lane.rtol, "atol": lane.atol, "max_miss": lane.max_miss,
-              "max_abs_diff": max_abs, "max_rel_diff": max_rel, "missed_steps": misses,
-              "first_differing_step": first_bad, "steps": [{**r, "abs_diff": _num(r["abs_diff"])} for r in rows]}
+    report = {
+        "lane": lane.name,
+        "rtol": lane.rtol,
+        "atol": lane.atol,
+        "max_miss": lane.max_miss,
+        "max_abs_diff": max_abs,
+        "max_rel_diff": max_rel,
+        "missed_steps": misses,
+        "first_differing_step": first_bad,
+        "steps": [{**r, "abs_diff": _num(r["abs_diff"])} for r in rows],
+    }
     if extra:
         report["extra_steps"] = extra
     return ok, report
@@ -60,21 +68,30 @@ def compare(losses: dict, baseline: dict, lane: Lane):
 
 # the per-parameter records of the probes, in the order a bug shows within a step: the loaded weights, the
 # gradients, the optimizer's update (judge.invariants.update_norms), the weights after it
-PARAM_KINDS = {"init_checksum": "weight checksum", "grad_norm": "grad norm", "update_norm": "update norm",
-               "param_norm": "param norm"}
+PARAM_KINDS = {
+    "init_checksum": "weight checksum",
+    "grad_norm": "grad norm",
+    "update_norm": "update norm",
+    "param_norm": "param norm",
+}
 
 
 def tolerance(kind, lane: Lane):
     """(rtol, atol, last step judged) of a per-parameter kind in a lane: the weight checksum exactly (both loaded
     the same seed checkpoint); gradient and parameter norms with grad_rtol/grad_atol up to grad_steps; update
     norms with update_rtol/update_atol (default: the grad ones) up to update_steps (default: every step)."""
-    grad = (lane.rtol if lane.grad_rtol is None else lane.grad_rtol, lane.atol if lane.grad_atol is None else lane.grad_atol)
+    grad = (
+        lane.rtol if lane.grad_rtol is None else lane.grad_rtol,
+        lane.atol if lane.grad_atol is None else lane.grad_atol,
+    )
     if kind == "init_checksum":
         return 0.0, 0.0, 0
     if kind == "update_norm":
-        return (grad[0] if lane.update_rtol is None else lane.update_rtol,
-                grad[1] if lane.update_atol is None else lane.update_atol,
-                math.inf if lane.update_steps is None else lane.update_steps)
+        return (
+            grad[0] if lane.update_rtol is None else lane.update_rtol,
+            grad[1] if lane.update_atol is None else lane.update_atol,
+            math.inf if lane.update_steps is None else lane.update_steps,
+        )
     return (*grad, lane.grad_steps)
 
 
@@ -87,8 +104,11 @@ def numerics_key(machine: dict | None) -> dict | None:
     follow. None: not known (nothing recorded, or ranks that disagree)."""
     if not machine or "ranks" in machine:
         return None
-    return {k: (" ".join(v) if isinstance(v, list) else json.dumps(v, sort_keys=True) if isinstance(v, dict)
-                else str(v)) for k in NUMERICS_FIELDS if (v := machine.get(k)) is not None}
+    return {
+        k: (" ".join(v) if isinstance(v, list) else json.dumps(v, sort_keys=True) if isinstance(v, dict) else str(v))
+        for k in NUMERICS_FIELDS
+        if (v := machine.get(k)) is not None
+    }
 
 
 def noise_applies(noise, versions, machine) -> str | None:
@@ -107,8 +127,11 @@ def noise_applies(noise, versions, machine) -> str | None:
     if mine is None:
         return "this run's ranks did not record their machine" + (" (they disagree)" if machine else "")
     if theirs != mine:
-        differ = [f"{k} {mine.get(k)!r} (measured: {theirs.get(k)!r})" for k in NUMERICS_FIELDS
-                  if theirs.get(k) != mine.get(k)]
+        differ = [
+            f"{k} {mine.get(k)!r} (measured: {theirs.get(k)!r})"
+            for k in NUMERICS_FIELDS
+            if theirs.get(k) != mine.get(k)
+        ]
         return f"this run's CPU numerics differ from the machine measured: {'; '.join(differ)}"
     return None
 
@@ -121,20 +144,23 @@ def narrowed(lane: Lane, noise, cell_id, versions, machine=None) -> Lane:
     row = noise.layouts.get(cell_id) if noise is not None else None
     if row is None or noise_applies(noise, versions, machine):
         return lane
+
     def tight(kind, lane_rtol):
         return min(lane_rtol, max(noise.margin * row.get(kind, math.inf), noise.floor))
+
     wide = (lane.rtol, tolerance("grad_norm", lane)[0], tolerance("update_norm", lane)[0])
     own = tuple(tight(kind, rtol) for kind, rtol in zip(("loss", "grad_norm", "update_norm"), wide))
     if own == wide:  # (an exact lane: nothing tighter than 0)
         return lane
-    return replace(lane, name=f"{lane.name}, layout noise x{noise.margin:g}", rtol=own[0], grad_rtol=own[1],
-                   update_rtol=own[2])
+    return replace(
+        lane, name=f"{lane.name}, layout noise x{noise.margin:g}", rtol=own[0], grad_rtol=own[1], update_rtol=own[2]
+    )
 
 
 def read_param_stats(folder: Path) -> dict:
     """kind -> step -> FQN -> value (None: no gradient), merged over the ranks' grads.rank<N>.jsonl.
     Ranks that hold the same parameter record the same full-tensor value; the first one is kept."""
-    out = {}
+    out: dict = {}
     for path in sorted(Path(folder).glob("grads.rank*.jsonl")):
         for line in path.read_text(errors="replace").splitlines():
             try:
@@ -156,8 +182,14 @@ def compare_params(cell: dict, baseline: dict, lane: Lane):
     close. The report keeps the largest relative difference per kind and step (how tolerances are measured), how
     many weights' checksums differ, and the first difference."""
     rtol, atol, _ = tolerance("grad_norm", lane)
-    report = {"rtol": rtol, "atol": atol, "grad_steps": lane.grad_steps, "checked": 0, "max_rel_diff": {},
-              "first_difference": None}
+    report = {
+        "rtol": rtol,
+        "atol": atol,
+        "grad_steps": lane.grad_steps,
+        "checked": 0,
+        "max_rel_diff": {},
+        "first_difference": None,
+    }
     if "update_norm" in baseline:
         report["update_rtol"], report["update_atol"], _ = tolerance("update_norm", lane)
     steps = sorted({s for kind in PARAM_KINDS for s in baseline.get(kind, {})})
@@ -179,8 +211,15 @@ def compare_params(cell: dict, baseline: dict, lane: Lane):
                     continue
                 report["checked"] += 1
                 if _param_differs(b, c, krtol, katol) and report["first_difference"] is None:
-                    report["first_difference"] = {"kind": kind, "step": step, "param": fqn, "cell": c, "baseline": b,
-                                                  "rtol": krtol, "atol": katol}
+                    report["first_difference"] = {
+                        "kind": kind,
+                        "step": step,
+                        "param": fqn,
+                        "cell": c,
+                        "baseline": b,
+                        "rtol": krtol,
+                        "atol": katol,
+                    }
     ok = report["checked"] > 0 and report["first_difference"] is None
     return ok, report
 
@@ -200,8 +239,10 @@ def param_line(report, baseline_id):
     tol = f"rtol {d.get('rtol', report['rtol']):g}, atol {d.get('atol', report['atol']):g}"
     if d["kind"] == "init_checksum":  # a hash of the weights' bits: shown whole, no ratio
         value, ratio, tol = lambda v: "none" if v is None else f"{v:.0f}", "", "exact: the loaded weights differ"
-    return (f"{d['param']}: {what} {value(d['cell'])} vs {value(d['baseline'])} of baseline {baseline_id} "
-            f"at step {d['step']}{ratio} ({tol})")
+    return (
+        f"{d['param']}: {what} {value(d['cell'])} vs {value(d['baseline'])} of baseline {baseline_id} "
+        f"at step {d['step']}{ratio} ({tol})"
+    )
 
 
 def _num(x):
@@ -214,9 +255,11 @@ def mismatch_line(report, baseline_id):
     if row is None:
         return f"losses do not line up with baseline {baseline_id}: {report.get('extra_steps')}"
     diff = "n/a" if row["abs_diff"] is None else f"{row['abs_diff']:.3g}"
-    return (f"loss differs from baseline {baseline_id} at step {step}: cell {row['cell']} vs baseline "
-            f"{row['baseline']} (|diff| {diff}; lane {report['lane']}: rtol {report['rtol']:g}, atol "
-            f"{report['atol']:g}, {report['missed_steps']} step(s) off)")
+    return (
+        f"loss differs from baseline {baseline_id} at step {step}: cell {row['cell']} vs baseline "
+        f"{row['baseline']} (|diff| {diff}; lane {report['lane']}: rtol {report['rtol']:g}, atol "
+        f"{report['atol']:g}, {report['missed_steps']} step(s) off)"
+    )
 
 
 def untrained_step(result):

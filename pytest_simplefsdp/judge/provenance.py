@@ -30,7 +30,7 @@ class Expected:
 def read(log_dir) -> dict:
     """section -> rank -> that section of the rank's record, in one pass over the records: ``imported``
     ({package: identity}), ``machine`` (what decides a CPU rank's bits); ranks that recorded nothing are absent."""
-    out = {}
+    out: dict = {}
     for path in sorted(probe_folder(log_dir).glob("rank*.json")):
         try:
             record = json.loads(path.read_text())
@@ -54,8 +54,9 @@ def agreed(seen: dict, nothing=None):
 def summary(records: dict) -> dict:
     """package -> what the ranks imported (``records``: rank -> {package: identity}), agreed over the ranks."""
     names = sorted({n for rec in records.values() for n, v in rec.items() if isinstance(v, dict)})
-    return {name: agreed({r: rec[name] for r, rec in records.items() if isinstance(rec.get(name), dict)})
-            for name in names}
+    return {
+        name: agreed({r: rec[name] for r, rec in records.items() if isinstance(rec.get(name), dict)}) for name in names
+    }
 
 
 def _inside(path, folder) -> bool:
@@ -72,9 +73,11 @@ def _pinned(identity: dict, pin: str) -> bool:
 
 def _said(name, identity) -> str:
     commit = identity.get("commit")
-    return (f"{name} {identity.get('version') or '(no version)'}"
-            + (f" @{commit[:12]}{' with local changes' if identity.get('dirty') else ''}" if commit else "")
-            + f" from {identity.get('file')}")
+    return (
+        f"{name} {identity.get('version') or '(no version)'}"
+        + (f" @{commit[:12]}{' with local changes' if identity.get('dirty') else ''}" if commit else "")
+        + f" from {identity.get('file')}"
+    )
 
 
 def mismatch(records: dict, expected: Expected) -> str | None:
@@ -92,8 +95,10 @@ def mismatch(records: dict, expected: Expected) -> str | None:
                 wanted = f"{name}{pin if pin.startswith('@') else '==' + pin}"
             else:
                 continue
-            return (f"the ranks did not run version set {expected.label}: rank {rank} imported {_said(name, identity)}, "
-                    f"not {wanted}")
+            return (
+                f"the ranks did not run version set {expected.label}: rank {rank} imported {_said(name, identity)}, "
+                f"not {wanted}"
+            )
     return None
 
 
@@ -102,10 +107,14 @@ def differences(records: dict, expected: Expected) -> list[str]:
     out = []
     for name, identity in summary(records).items():
         where = expected.installed.get(name)
-        files = [identity.get("file", "")] if "ranks" not in identity else [v.get("file", "") for v in
-                                                                            identity["ranks"].values()]
+        files = (
+            [identity.get("file", "")]
+            if "ranks" not in identity
+            else [v.get("file", "") for v in identity["ranks"].values()]
+        )
         if where and any(f and not _inside(f, where) for f in files):
-            out.append(f"the ranks imported {name} from {', '.join(sorted(set(files)))}, not the installed "
-                       f"distribution at {where}")
+            out.append(
+                f"the ranks imported {name} from {', '.join(sorted(set(files)))}, not the installed "
+                f"distribution at {where}"
+            )
     return out
-

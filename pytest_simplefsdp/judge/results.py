@@ -19,26 +19,43 @@ LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 GRAD_NORM = re.compile(r"step:\s*(\d+)\s+loss:\s*\S+\s+grad_norm:\s*(\S+)")
 TRACEBACK = "Traceback (most recent call last):"
 CHAIN_MARKERS = ("The above exception was the direct cause", "During handling of the above exception")
-ERRORISH = re.compile(r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed|"
-                      r"[Uu]nrecognized (options|arguments)|invalid choice)")
+ERRORISH = re.compile(
+    r"(Error|Exception|error:|Fatal|fatal|Segmentation fault|Aborted|Killed|"
+    r"[Uu]nrecognized (options|arguments)|invalid choice)"
+)
 BOX = "│┃║╭╮╰╯─━═ "  # a CLI's framed message (tyro's): the frame is not the message
 
-COMPILE_FRAMES = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/", "torch/_higher_order_ops/",
-                  "torch/fx/experimental/", "torch/_export/", "graph_pp/partition",
-                  "graph_trainer/compile", "graph_trainer/passes", "graph_trainer/jit_backend")
-COMPILE_TYPES = ("torch._dynamo.", "torch._inductor.", "InductorError", "BackendCompilerFailed",
-                 "torch.fx.experimental.symbolic_shapes")
+COMPILE_FRAMES = (
+    "torch/_dynamo/",
+    "torch/_inductor/",
+    "torch/_functorch/",
+    "torch/_higher_order_ops/",
+    "torch/fx/experimental/",
+    "torch/_export/",
+    "graph_pp/partition",
+    "graph_trainer/compile",
+    "graph_trainer/passes",
+    "graph_trainer/jit_backend",
+)
+COMPILE_TYPES = (
+    "torch._dynamo.",
+    "torch._inductor.",
+    "InductorError",
+    "BackendCompilerFailed",
+    "torch.fx.experimental.symbolic_shapes",
+)
 # frames every eager call through a `torch._disable_dynamo` wrapper (e.g. checkpoint) shows
 DISABLE_WRAPPERS = ("torch/_dynamo/eval_frame.py", "torch/_compile.py")
-CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", "configs.py\", line",
-                 "validate_config")
+CONFIG_FRAMES = ("torchtitan/config/", "tyro/", "parallel_dims.py", 'configs.py", line', "validate_config")
 CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is not a valid")
 
 # what a native crash prints before the signal (the first one names the cause): C++ terminate, glibc's heap
 # checks ("malloc(): unaligned tcache chunk detected", "free(): invalid pointer"), assertions
-CRASH_HINT = re.compile(r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$"
-                        r"|^(?:malloc|free|realloc|calloc|munmap_chunk|malloc_consolidate|tcache_thread_shutdown"
-                        r"|_int_\w+)\(\): .*$")
+CRASH_HINT = re.compile(
+    r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$"
+    r"|^(?:malloc|free|realloc|calloc|munmap_chunk|malloc_consolidate|tcache_thread_shutdown"
+    r"|_int_\w+)\(\): .*$"
+)
 FAULTHANDLER = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
@@ -99,9 +116,18 @@ class CellResult:
     def infra(cls, cell, line, culprit=None, not_run=False) -> "CellResult":
         """A cell failed as infra around its own run, not by it: its version set cannot be built, its seed or
         baseline failed (``culprit`` names that job), or the plugin failed on it; ``line`` says which."""
-        return cls(cell.id, dict(cell.axes), status=Status.FAILED, failure_class=FailureClass.INFRA,
-                   world=cell.world, error_line=line, error_text=line, mutant=getattr(cell, "mutant", None),
-                   culprit=culprit or None, not_run=not_run)
+        return cls(
+            cell.id,
+            dict(cell.axes),
+            status=Status.FAILED,
+            failure_class=FailureClass.INFRA,
+            world=cell.world,
+            error_line=line,
+            error_text=line,
+            mutant=getattr(cell, "mutant", None),
+            culprit=culprit or None,
+            not_run=not_run,
+        )
 
     def fail(self, failure_class, line, rank=None, text=None):
         self.status, self.failure_class, self.error_line, self.failing_rank = Status.FAILED, failure_class, line, rank
@@ -185,13 +211,18 @@ def last_exception(text):
     # dynamo's messages have sections, one or two blank lines apart (torch 2.10), then a closing hint
     sections = first.startswith("torch._dynamo.exc.")
     blanks = 0
-    for line in lines[i + 1:i + 80]:
+    for line in lines[i + 1 : i + 80]:
         stripped = line.strip()
         blanks = blanks + 1 if not stripped else 0
-        if ((blanks and not sections) or blanks > 2 or stripped.startswith("Set TORCHDYNAMO_VERBOSE")
-                or (not sections and not line.startswith((" ", "\t")))  # another process's output
-                or stripped.startswith(("[titan]", "[rank", TRACEBACK)) or stripped.startswith(CHAIN_MARKERS)
-                or re.match(r"^\[?[A-Z]\d{4} ", stripped)):
+        if (
+            (blanks and not sections)
+            or blanks > 2
+            or stripped.startswith("Set TORCHDYNAMO_VERBOSE")
+            or (not sections and not line.startswith((" ", "\t")))  # another process's output
+            or stripped.startswith(("[titan]", "[rank", TRACEBACK))
+            or stripped.startswith(CHAIN_MARKERS)
+            or re.match(r"^\[?[A-Z]\d{4} ", stripped)
+        ):
             break
         message.append(line.rstrip())
     while message and not message[-1].strip():
@@ -216,8 +247,11 @@ def classify(error_line, frames, exit_code):
     text = error_line or ""
     if any(t in text for t in CONFIG_TEXT) or any(f in frames for f in CONFIG_FRAMES):
         return "invalid_config"
-    compile_frames = [line for line in frames.splitlines() if any(f in line for f in COMPILE_FRAMES)
-                      and not any(w in line for w in DISABLE_WRAPPERS)]
+    compile_frames = [
+        line
+        for line in frames.splitlines()
+        if any(f in line for f in COMPILE_FRAMES) and not any(w in line for w in DISABLE_WRAPPERS)
+    ]
     if text.startswith(COMPILE_TYPES) or compile_frames:
         return "compile"
     return "runtime"
@@ -231,7 +265,8 @@ def crash_site(text, frames=3):
     if not blocks:
         return ""
     block = next((b for b in blocks if b.startswith("Current thread")), None) or next(
-        (b for b in blocks if "threading.py" not in b.split("\n", 2)[1]), blocks[-1])
+        (b for b in blocks if "threading.py" not in b.split("\n", 2)[1]), blocks[-1]
+    )
     found = [FRAME.match(line) for line in block.splitlines()[1:]]
     found = [m for m in found if m][:frames]
     return " <- ".join(f"{_package_path(m['file'])}:{m['line']} {m['func']}" for m in found)
@@ -253,16 +288,28 @@ def signal_name(code):
 def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> CellResult:
     """The result of a launch: losses and grad norms from the rank logs, and the first failure that
     explains the outcome (a launch error, a hang, a flood, a failing rank, the launcher, missing steps)."""
-    res = CellResult(id=cell.id, axes=dict(cell.axes), world=cell.world, wall=round(outcome.wall, 2),
-                     log_dir=str(log_dir), rank_logs=outcome.rank_logs, reproducer=outcome.reproducer,
-                     launcher=outcome.launcher,
-                     exit_codes=dict(outcome.exit_codes), stuck_ranks=list(outcome.stuck_ranks), mutant=cell.mutant)
+    res = CellResult(
+        id=cell.id,
+        axes=dict(cell.axes),
+        world=cell.world,
+        wall=round(outcome.wall, 2),
+        log_dir=str(log_dir),
+        rank_logs=outcome.rank_logs,
+        reproducer=outcome.reproducer,
+        launcher=outcome.launcher,
+        exit_codes=dict(outcome.exit_codes),
+        stuck_ranks=list(outcome.stuck_ranks),
+        mutant=cell.mutant,
+    )
     res.details.extend(outcome.notes)
     texts = {r: read_text(paths) for r, paths in outcome.rank_logs.items()}
     res.losses, res.grad_norms = cell_losses(texts)
     first = _failed_first(outcome, texts)
-    failure = _stopped(outcome, texts, res) or _rank_failure(outcome, texts, first) or (
-        trains and _no_steps(res, expected_steps))  # (a step before the cell, e.g. precompile, trains nothing)
+    failure = (
+        _stopped(outcome, texts, res)
+        or _rank_failure(outcome, texts, first)
+        or (trains and _no_steps(res, expected_steps))
+    )  # (a step before the cell, e.g. precompile, trains nothing)
     if failure:
         res.fail(*failure)
     if outcome.timed_out and first is not None:
@@ -271,8 +318,11 @@ def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> Ce
         res.failure_class = FailureClass.INFRA
         res.error_line = f"rendezvous port {outcome.port} is already in use: {res.error_line}"
     if outcome.survivors and res.status == Status.PASSED:
-        res.fail(FailureClass.INFRA, f"{len(outcome.survivors)} process(es) outlived their rank and were killed: "
-                                     f"{'; '.join(outcome.survivors[:3])}")
+        res.fail(
+            FailureClass.INFRA,
+            f"{len(outcome.survivors)} process(es) outlived their rank and were killed: "
+            f"{'; '.join(outcome.survivors[:3])}",
+        )
     elif outcome.survivors:
         res.details.append(f"killed {len(outcome.survivors)} leftover process(es) of the cell")
     return res
@@ -287,23 +337,37 @@ def _stopped(outcome, texts, res):
         ranks = ", ".join(map(str, outcome.stuck_ranks)) or "unknown"
         dumped = [r for r in outcome.stuck_ranks if FAULTHANDLER.search(texts.get(r, ""))]
         silent = [r for r in outcome.stuck_ranks if r not in dumped]
-        res.details.append(f"Python stacks (SIGUSR1, faulthandler) are in the logs of ranks {dumped or 'none'}"
-                           + (f"; ranks {silent} left none (SIGUSR1 ignored or blocked, or no Python)" if silent else ""))
+        res.details.append(
+            f"Python stacks (SIGUSR1, faulthandler) are in the logs of ranks {dumped or 'none'}"
+            + (f"; ranks {silent} left none (SIGUSR1 ignored or blocked, or no Python)" if silent else "")
+        )
         line = f"timed out after {outcome.wall:.0f} s; ranks still running: {ranks}"
         gone = {r: when for r, when in outcome.left.items() if r not in outcome.stuck_ranks}
         if gone and outcome.stuck_ranks:  # a rank that left while its peers ran on: the hang is theirs, the cause its
             first = min(gone, key=lambda r: gone[r])
             seconds, code = gone[first]
-            how = "ended" if code is None else f"exited with code {code}" if code >= 0 else \
-                f"was killed by {signal_name(code)}"
-            return (FailureClass.HANG, f"{line}; rank {first} left first: it {how} after {seconds:.1f} s while "
-                                       f"its peers ran on", first)
+            how = (
+                "ended"
+                if code is None
+                else f"exited with code {code}"
+                if code >= 0
+                else f"was killed by {signal_name(code)}"
+            )
+            return (
+                FailureClass.HANG,
+                f"{line}; rank {first} left first: it {how} after {seconds:.1f} s while its peers ran on",
+                first,
+            )
         return FailureClass.HANG, line, outcome.stuck_ranks[0] if outcome.stuck_ranks else None
     if outcome.log_flood:
         cut = sorted(r for r, paths in outcome.rank_logs.items() if set(map(str, paths)) & set(outcome.cut_logs))
-        return (FailureClass.RUNTIME, f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell "
-                                      f"was stopped and its logs were cut (ranks that wrote past it: "
-                                      f"{', '.join(map(str, cut)) or 'none: the launcher itself'})", cut[0] if cut else None)
+        return (
+            FailureClass.RUNTIME,
+            f"log output passed the limit of {outcome.log_flood / 2**20:.0f} MB; the cell "
+            f"was stopped and its logs were cut (ranks that wrote past it: "
+            f"{', '.join(map(str, cut)) or 'none: the launcher itself'})",
+            cut[0] if cut else None,
+        )
     return None
 
 
@@ -349,9 +413,13 @@ def _rank_failure(outcome, texts, failed=None):
 def _no_steps(res, expected_steps):
     """Every rank exited 0: still no pass without the training steps (whatever the settings say)."""
     if expected_steps and len(res.losses) < expected_steps:
-        return FailureClass.NO_RESULT, f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps logged a loss"
+        return (
+            FailureClass.NO_RESULT,
+            f"every rank exited 0 but {len(res.losses)} of {expected_steps} steps logged a loss",
+        )
     if not res.losses:
-        return (FailureClass.NO_RESULT, "every rank exited 0 but no step logged a loss (and the matrix sets no "
-                                        "settings.steps)")
+        return (
+            FailureClass.NO_RESULT,
+            "every rank exited 0 but no step logged a loss (and the matrix sets no settings.steps)",
+        )
     return None
-

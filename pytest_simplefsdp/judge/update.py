@@ -22,6 +22,7 @@ from .known import COMMIT_KEY, TODO_LINK, commit_scope
 class Draft:
     """One new entry, as a person writes one per bug: the failures of one signature in one profile, and the axis
     values they need (judge.combination: what they share and no passing cell has), not every axis of a cell."""
+
     profile: str
     results: list  # the CellResults failing with it
     when: list  # [(axis, value or [values])]
@@ -32,17 +33,19 @@ class Draft:
             values = value if isinstance(value, list) else [value]
             text = "_".join(value_id(v) for v in values)
             return text if all(isinstance(v, str) for v in values) else f"{axis}{text}"
+
         return "-".join([self.profile, *(part(a, v) for a, v in self.when)])
 
 
 def drafts(profile, failing, passing_axes) -> list[Draft]:
     """The new failures of a profile grouped by signature (and flakiness), each with the values it needs against
     the axes of the profile's passing cells."""
-    groups = {}
+    groups: dict = {}
     for r in failing:
         groups.setdefault((r.signature or "", bool(r.flaky)), []).append(r)
-    return [Draft(profile, results, needs([r.axes for r in results], passing_axes).values)
-            for results in groups.values()]
+    return [
+        Draft(profile, results, needs([r.axes for r in results], passing_axes).values) for results in groups.values()
+    ]
 
 
 def update_file(path, new_failures, passing_entries, date, check=None, windows=None):
@@ -65,8 +68,9 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
     dumper.indent(mapping=2, sequence=2, offset=0)
     dumper.width = 4096
     changes = []
-    doc, lines, spans, ids = _windowed(path.read_text() if path.exists() else "", windows, passing_entries, dumper,
-                                       changes)
+    doc, lines, spans, ids = _windowed(
+        path.read_text() if path.exists() else "", windows, passing_entries, dumper, changes
+    )
     drop = _passing(lines, spans, ids, passing_entries, changes)
     _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes)
     if not changes:  # nothing to say: the file stays as it is, byte for byte
@@ -92,7 +96,7 @@ def _windowed(text, windows, passing_entries, dumper, changes):
 
 def _passing(lines, spans, ids, passing_entries, changes) -> set:
     """Phase 2: the line numbers of the entries whose cells all passed, with their own comment lines above."""
-    drop = set()
+    drop: set = set()
     for eid in passing_entries:
         if eid in ids:
             first, last = spans[ids[eid]]
@@ -125,14 +129,17 @@ def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, change
             lines[at] = f"{indent}error: {_scalar(dumper, pattern)}  # signature changed {date}\n"
             changes.append(f"changed signature: {eid} now expects /{pattern}/ (was /{doc[ids[eid]].get('error')}/)")
             continue
-        window = next((windows.pop(k) for k in [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)]
-                       if k in windows), {})
+        window = next(
+            (windows.pop(k) for k in [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)] if k in windows), {}
+        )
         added.append(eid)
         out = io.StringIO()
         dumper.dump([_new_entry(draft, eid, pattern, window, date)], out)
         lines.append(("" if not lines or lines[-1].endswith("\n") else "\n") + out.getvalue())
-        changes.append(f"added {eid} for {_cells(len(draft.results))} (link: {TODO_LINK!r}: name it; the file loads "
-                       f"with a warning until then)")
+        changes.append(
+            f"added {eid} for {_cells(len(draft.results))} (link: {TODO_LINK!r}: name it; the file loads "
+            f"with a warning until then)"
+        )
 
 
 def _new_entry(draft, eid, pattern, window, date) -> CommentedMap:
@@ -150,12 +157,22 @@ def _new_entry(draft, eid, pattern, window, date) -> CommentedMap:
     rates = [(r.confirm or {}).get("pass_rate") for r in draft.results if r.flaky]
     rate = rates[0] if rates and rates[0] is not None else None
     cells = ", ".join(r.id for r in draft.results)
-    entry = CommentedMap([("id", eid), ("when", when), ("error", pattern),
-                          ("kind", str(KnownKind.FLAKY if rate is not None else KnownKind.XFAIL)),
-                          *([("pass_rate", rate)] if rate is not None else []),
-                          ("link", TODO_LINK), ("reason", f"{result.failure_class}: "
-                                                          f"{(result.error_line or '')[:160]} (first seen {date}; "
-                                                          f"{_cells(len(draft.results))}: {cells[:300]})")])
+    entry = CommentedMap(
+        [
+            ("id", eid),
+            ("when", when),
+            ("error", pattern),
+            ("kind", str(KnownKind.FLAKY if rate is not None else KnownKind.XFAIL)),
+            *([("pass_rate", rate)] if rate is not None else []),
+            ("link", TODO_LINK),
+            (
+                "reason",
+                f"{result.failure_class}: "
+                f"{(result.error_line or '')[:160]} (first seen {date}; "
+                f"{_cells(len(draft.results))}: {cells[:300]})",
+            ),
+        ]
+    )
     for key, value in window.items():
         entry[key] = _flow(CommentedMap(value))
     return entry

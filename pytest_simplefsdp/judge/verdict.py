@@ -16,6 +16,7 @@ class Verdict:
     message: str = ""
     flaky: bool = False
 
+
 def judge(result, entries: list, gate: bool, updating=False) -> Verdict:
     """The pytest outcome of a finished cell, given the known-failure entries that apply to it (``updating``: this run
     rewrites the known-failures file at its end)."""
@@ -29,11 +30,17 @@ def judge(result, entries: list, gate: bool, updating=False) -> Verdict:
         xfail = next((e for e in xfails if not outside_window(e, versions)), None)
         if xfails and xfail is None:  # it passes where the entry's own window says it does (a fixed release)
             e = xfails[0]
-            return Verdict(Status.PASSED, None, f"passes, as known failure {e.label()}'s window says: "
-                                                f"{outside_window(e, versions)}")
+            return Verdict(
+                Status.PASSED,
+                None,
+                f"passes, as known failure {e.label()}'s window says: {outside_window(e, versions)}",
+            )
         if xfail:
-            how = ("this run's --simplefsdp-update-known-failures removes it if every cell it covers passes" if updating
-                   else "or run --simplefsdp-update-known-failures")
+            how = (
+                "this run's --simplefsdp-update-known-failures removes it if every cell it covers passes"
+                if updating
+                else "or run --simplefsdp-update-known-failures"
+            )
             msg = f"known failure {xfail.id} no longer fails: delete it from {xfail.where} ({how}); {xfail.link}"
             return Verdict(Status.FAILED if gate else Status.XPASSED, xfail, msg)
         return Verdict(Status.PASSED)
@@ -45,8 +52,12 @@ def judge(result, entries: list, gate: bool, updating=False) -> Verdict:
         if e.pattern.search(sig) or e.pattern.search(raw):
             outside = outside_window(e, getattr(result, "versions", None))
             if outside:  # the entry's own window says this cell should pass here
-                return Verdict(Status.FAILED, None, f"fails as known failure {e.label()} says, but {outside}: its "
-                                                    f"window is wrong, or this is another regression")
+                return Verdict(
+                    Status.FAILED,
+                    None,
+                    f"fails as known failure {e.label()} says, but {outside}: its "
+                    f"window is wrong, or this is another regression",
+                )
             return Verdict(Status.XFAILED, e, f"known failure {e.label()}: {e.reason}", flaky=e.kind == KnownKind.FLAKY)
     if expected:
         wanted = "; ".join(f"{e.id}: /{e.error}/" for e in expected)

@@ -18,8 +18,20 @@ import psutil
 from ..commands import RankCommand
 from ..words import plural
 from .local import LocalLauncher
-from .procs import (MARKER, SESSION, cell_processes, die_with_parent, interpreter, kill_procs, python_module,
-                    python_path, rank_env, spawn, token_of, worker_vars)
+from .procs import (
+    MARKER,
+    SESSION,
+    cell_processes,
+    die_with_parent,
+    interpreter,
+    kill_procs,
+    python_module,
+    python_path,
+    rank_env,
+    spawn,
+    token_of,
+    worker_vars,
+)
 from .spec import LaunchOutcome, LaunchSpec
 
 
@@ -44,11 +56,21 @@ class _ForkServer:
         env["PYTHONPATH"] = python_path(command)
         env.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")  # one thread to fork from (forkserver.py)
         self.errors = tempfile.TemporaryFile()  # the server's own stderr: why it did not start
-        self.proc = spawn([interpreter(command.argv), "-m", "pytest_simplefsdp.launch.forkserver", *preload], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
-                                     bufsize=1, cwd=command.cwd, preexec_fn=die_with_parent(signal.SIGKILL))
+        self.proc = spawn(
+            [interpreter(command.argv), "-m", "pytest_simplefsdp.launch.forkserver", *preload],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            text=True,
+            bufsize=1,
+            cwd=command.cwd,
+            preexec_fn=die_with_parent(signal.SIGKILL),
+        )
         self.preload = preload
-        self.ranks, self.replies, self.busy, self.ready = {}, [], False, None
+        self.ranks: dict = {}
+        self.replies: list = []
+        self.busy, self.ready = False, None
         self.exit = None  # why the server ended on its own, once it has: its exit code and last stderr line
         self.closing = False  # ended by close(): not an incident
         self.changed = threading.Condition()
@@ -59,8 +81,13 @@ class _ForkServer:
             self.close()  # a server that did not start is not left behind
             self.errors.seek(0)
             tail = [line for line in self.errors.read().decode(errors="replace").splitlines() if line.strip()]
-            why = (f"still importing after {start_timeout:.0f} s (the cell's timeout)" if ready is None
-                   else tail[-1] if tail else "it exited without a word")
+            why = (
+                f"still importing after {start_timeout:.0f} s (the cell's timeout)"
+                if ready is None
+                else tail[-1]
+                if tail
+                else "it exited without a word"
+            )
             raise OSError(f"fork server did not start (preloading {' '.join(preload)}): {why}")
 
     def _read(self):
@@ -103,10 +130,16 @@ class _ForkServer:
             code = None
         self.errors.seek(0)
         tail = [line for line in self.errors.read().decode(errors="replace").splitlines() if line.strip()]
-        how = ("still running with its output closed" if code is None else
-               f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}")
-        return (f"fork server pid {self.proc.pid} (preloading {' '.join(self.preload)}) {how}"
-                + (f"; its last line: {tail[-1]}" if tail else ""))
+        how = (
+            "still running with its output closed"
+            if code is None
+            else f"killed by {signal.Signals(-code).name}"
+            if code < 0
+            else f"exited with code {code}"
+        )
+        return f"fork server pid {self.proc.pid} (preloading {' '.join(self.preload)}) {how}" + (
+            f"; its last line: {tail[-1]}" if tail else ""
+        )
 
     def start(self, request):
         with self.changed:
@@ -188,8 +221,9 @@ class ForkLauncher(LocalLauncher):
             if server is None:
                 module = python_module(command.argv)[0]
                 self.count += 1
-                server = _ForkServer(RankCommand(command.argv, env, command.cwd), [module, *command.preload],
-                                     self.count, start_timeout)
+                server = _ForkServer(
+                    RankCommand(command.argv, env, command.cwd), [module, *command.preload], self.count, start_timeout
+                )
                 pool.append(server)
             server.busy = True
         return server
@@ -203,14 +237,17 @@ class ForkLauncher(LocalLauncher):
         for r, log in enumerate(logs):
             out.rank_logs[r] = [Path(log)]
         try:
-            ranks, others = server.start({"module": module, "args": args, "envs": envs, "logs": logs,
-                                          "cwd": spec.command.cwd})
+            ranks, others = server.start(
+                {"module": module, "args": args, "envs": envs, "logs": logs, "cwd": spec.command.cwd}
+            )
         except OSError:
             server.busy = False
             raise
         if others:  # what a rank that crashes or hangs in a lock may have lost
-            out.notes.append(f"the fork server held {plural(len(others), 'other thread')} when it forked these ranks "
-                             f"({', '.join(others)}); a forked rank has none of them, and a lock one held stays held")
+            out.notes.append(
+                f"the fork server held {plural(len(others), 'other thread')} when it forked these ranks "
+                f"({', '.join(others)}); a forked rank has none of them, and a lock one held stays held"
+            )
 
         def release():
             server.busy = False
@@ -233,4 +270,3 @@ class ForkLauncher(LocalLauncher):
             for server in pool:
                 server.close()
         self.servers.clear()
-

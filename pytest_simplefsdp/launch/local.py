@@ -8,7 +8,17 @@ import shlex
 import signal
 import subprocess
 
-from .procs import cell_token, check_runnable, interpreter, die_with_parent, kill_cell, quote_env, rank_env, spawn, worker_vars
+from .procs import (
+    cell_token,
+    check_runnable,
+    die_with_parent,
+    interpreter,
+    kill_cell,
+    quote_env,
+    rank_env,
+    spawn,
+    worker_vars,
+)
 from .reaper import reaped
 from .spec import LaunchOutcome, LaunchSpec
 from .supervisor import Supervisor
@@ -28,7 +38,8 @@ class LocalLauncher:
             f"RANK={spec.first_rank + r} LOCAL_RANK={0 if virtual else r}{f' CUDA_VISIBLE_DEVICES={r}' if virtual else ''} "
             f"WORLD_SIZE={spec.nproc} LOCAL_WORLD_SIZE={spec.nproc} "
             f"MASTER_ADDR=127.0.0.1 MASTER_PORT={spec.port} {env + ' ' if env else ''}{shlex.join(spec.command.argv)}"
-            for r in range(spec.nproc))
+            for r in range(spec.nproc)
+        )
         return f"{cd}{ranks} & wait"
 
     def close(self):
@@ -72,9 +83,16 @@ class LocalLauncher:
                 out.rank_logs[r] = [log]
                 f = open(log, "wb")
                 files.append(f)
-                procs[r] = spawn(reaped(spec.command.argv, interpreter(spec.command.argv)), env=env, cwd=spec.command.cwd, stdout=f,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
+                procs[r] = spawn(
+                    reaped(spec.command.argv, interpreter(spec.command.argv)),
+                    env=env,
+                    cwd=spec.command.cwd,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(signal.SIGKILL),
+                )
         except OSError:
             for f in files:
                 f.close()
@@ -85,5 +103,3 @@ class LocalLauncher:
                 f.close()
 
         return procs, None, close
-
-

@@ -199,16 +199,30 @@ def rank_env(spec: LaunchSpec, token: str):
     env = dict(os.environ)
     env.update(spec.command.env)
     env["PYTHONPATH"] = python_path(spec.command)
-    env.update({MARKER: token, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(spec.port),
-                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
+    env.update(
+        {
+            MARKER: token,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(spec.port),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",
+        }
+    )
     return env
 
 
 def rank_vars(rank: int, local_rank: int, nproc: int, token: str):
     """What torchrun sets for one of its workers (besides MASTER_ADDR/PORT, which rank_env sets)."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
-            "TORCHELASTIC_RUN_ID": token}
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "ROLE_WORLD_SIZE": str(nproc),
+        "TORCHELASTIC_RUN_ID": token,
+    }
 
 
 def worker_vars(spec, r: int, base: dict, token: str):
@@ -236,5 +250,3 @@ def python_module(argv):
     if len(argv) >= 3 and argv[1] == "-m" and Path(argv[0]).name.startswith("python"):
         return argv[2], argv[3:]
     return None
-
-

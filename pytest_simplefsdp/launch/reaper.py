@@ -41,7 +41,7 @@ def descendants(root=None):
             try:
                 with open(f"/proc/{name}/stat", "rb") as f:
                     stat = f.read().decode(errors="replace")
-                fields = stat[stat.rindex(")") + 2:].split()
+                fields = stat[stat.rindex(")") + 2 :].split()
                 if fields[0] != "Z":
                     parents.setdefault(int(fields[1]), []).append(int(name))
             except (OSError, ValueError, IndexError):

@@ -71,15 +71,20 @@ def check_cluster(options: SlurmOptions):
         return f"--simplefsdp-launcher=slurm: sinfo failed: {res.stderr.strip() or res.returncode}"
     partitions = res.stdout.split()
     if options.partition and options.partition not in partitions:
-        return (f"--simplefsdp-slurm-partition: no partition {options.partition!r} on this cluster; "
-                f"sinfo lists: {', '.join(partitions) or 'none'}")
+        return (
+            f"--simplefsdp-slurm-partition: no partition {options.partition!r} on this cluster; "
+            f"sinfo lists: {', '.join(partitions) or 'none'}"
+        )
     return None
 
 
 def rank_logs(log_dir, nodes, per_node):
     """Global rank -> its torchrun log files; node K's torchrun logs its local ranks under node<K>/."""
-    return {k * per_node + r: sorted((log_dir / "torchrun" / f"node{k}").glob(f"*/attempt_*/{r}/std*.log"))
-            for k in range(nodes) for r in range(per_node)}
+    return {
+        k * per_node + r: sorted((log_dir / "torchrun" / f"node{k}").glob(f"*/attempt_*/{r}/std*.log"))
+        for k in range(nodes)
+        for r in range(per_node)
+    }
 
 
 class SlurmLauncher:
@@ -88,7 +93,7 @@ class SlurmLauncher:
 
     def __init__(self, options: SlurmOptions | None = None):
         self.options = options or SlurmOptions()
-        self.active = set()  # supervisors of the steps now running (close() cancels them)
+        self.active: set = set()  # supervisors of the steps now running (close() cancels them)
         self.lock = threading.Lock()
 
     def layout(self, spec: LaunchSpec):
@@ -96,30 +101,49 @@ class SlurmLauncher:
         most = self.options.ranks_per_node or (GPUS_PER_NODE if spec.device == "cuda" else spec.nproc)
         nodes = -(-spec.nproc // most)
         if spec.nproc % nodes:
-            raise ValueError(f"{spec.nproc} ranks do not split evenly over {nodes} nodes of at most {most} ranks "
-                             f"(--simplefsdp-slurm-ranks-per-node)")
+            raise ValueError(
+                f"{spec.nproc} ranks do not split evenly over {nodes} nodes of at most {most} ranks "
+                f"(--simplefsdp-slurm-ranks-per-node)"
+            )
         return nodes, spec.nproc // nodes
 
     def srun_argv(self, spec: LaunchSpec):
         nodes, per_node = self.layout(spec)
         o = self.options
-        argv = ["srun", f"--job-name=simplefsdp:{spec.cell_id}", f"--nodes={nodes}", f"--ntasks={nodes}",
-                "--ntasks-per-node=1", f"--time={math.ceil(spec.timeout / 60) + 1}",  # behind our own timeout
-                "--signal=USR1@30",  # stack dumps before SLURM's own limit, should it come first
-                "--kill-on-bad-exit=1", "--export=ALL"]
+        argv = [
+            "srun",
+            f"--job-name=simplefsdp:{spec.cell_id}",
+            f"--nodes={nodes}",
+            f"--ntasks={nodes}",
+            "--ntasks-per-node=1",
+            f"--time={math.ceil(spec.timeout / 60) + 1}",  # behind our own timeout
+            "--signal=USR1@30",  # stack dumps before SLURM's own limit, should it come first
+            "--kill-on-bad-exit=1",
+            "--export=ALL",
+        ]
         argv += [f"--partition={o.partition}"] * bool(o.partition) + [f"--account={o.account}"] * bool(o.account)
         if spec.device == "cuda":
             argv.append(f"--gres=gpu:{per_node}")
         argv += o.extra
         torchrun = TorchrunLauncher().torchrun_argv(
-            spec, nproc=per_node, addr="@ADDR@", log_dir=spec.log_dir / "torchrun" / "node@NODE@",
-            nodes=[f"--nnodes={nodes}", "--node-rank=@NODE@"])
-        head = ("addr=127.0.0.1" if nodes == 1 else  # the step's first node, as SLURM reaches it
-                'head=$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n1); '
-                'addr=$(scontrol show node "$head" | sed -n "s/.* NodeAddr=\\([^ ]*\\).*/\\1/p")')
+            spec,
+            nproc=per_node,
+            addr="@ADDR@",
+            log_dir=spec.log_dir / "torchrun" / "node@NODE@",
+            nodes=[f"--nnodes={nodes}", "--node-rank=@NODE@"],
+        )
+        head = (
+            "addr=127.0.0.1"
+            if nodes == 1
+            # the step's first node, as SLURM reaches it
+            else 'head=$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n1); '
+            'addr=$(scontrol show node "$head" | sed -n "s/.* NodeAddr=\\([^ ]*\\).*/\\1/p")'
+        )
         reaper = reaped([], interpreter(spec.command.argv))[:-1]  # around torchrun too: nothing outlives the step
-        script = (f"trap \"\" USR1; echo \"{STEP_LINE} $SLURM_JOB_ID.$SLURM_STEP_ID node $SLURM_NODEID of "
-                  f"$SLURM_STEP_NODELIST\"; {head}; exec " + " ".join(map(_shell_word, reaper + torchrun)))
+        script = (
+            f'trap "" USR1; echo "{STEP_LINE} $SLURM_JOB_ID.$SLURM_STEP_ID node $SLURM_NODEID of '
+            f'$SLURM_STEP_NODELIST"; {head}; exec ' + " ".join(map(_shell_word, reaper + torchrun))
+        )
         return argv + ["bash", "-c", script]
 
     def reproducer(self, spec: LaunchSpec):
@@ -143,9 +167,16 @@ class SlurmLauncher:
         out.launcher_log = spec.log_dir / "srun.log"
         with open(out.launcher_log, "wb") as f:
             try:
-                proc = spawn(argv, env=rank_env(spec, token), cwd=spec.command.cwd, stdout=f,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=die_with_parent(signal.SIGTERM))  # srun stops its step
+                proc = spawn(
+                    argv,
+                    env=rank_env(spec, token),
+                    cwd=spec.command.cwd,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(signal.SIGTERM),
+                )  # srun stops its step
             except OSError as e:
                 out.launch_error = f"cannot start srun: {e.strerror or e}"
                 return out
@@ -194,7 +225,7 @@ class _StepSupervisor(Supervisor):
         if m:
             self.step, self.job, self.nodes = f"{m.group(1)}.{m.group(2)}", m.group(1), m.group(4)
             self.started = now
-        elif (q := QUEUED.search(text)):
+        elif q := QUEUED.search(text):
             self.job = q.group(1)
 
     def deadline(self, start, now):
@@ -279,5 +310,7 @@ class _StepSupervisor(Supervisor):
             errors = SRUN_ERROR.findall(text)
             said = errors[0] if errors else (text.strip().splitlines() or [f"srun exited with code {code}"])[-1]
             nodes = self.spec.nproc // self.per_node
-            out.launch_error = (f"SLURM did not run the cell ({nodes} node{'s' * (nodes > 1)} of {self.per_node} "
-                                f"rank{'s' * (self.per_node > 1)}): {said}")
+            out.launch_error = (
+                f"SLURM did not run the cell ({nodes} node{'s' * (nodes > 1)} of {self.per_node} "
+                f"rank{'s' * (self.per_node > 1)}): {said}"
+            )

@@ -19,20 +19,41 @@ def _srun_words(name, value):
 
 
 OPTIONS = [
-    Option("slurm-partition", "string", None, "slurm launcher: the partition the cells' steps run in "
-                                              "(srun --partition)", metavar="NAME"),
-    Option("slurm-account", "string", None, "slurm launcher: the account charged (srun --account)",
-           metavar="NAME"),
-    Option("slurm-args", "string", None, "slurm launcher: more srun options, as one shell-quoted string "
-                                         "(e.g. \"--qos=high --cpus-per-task=16\")", _srun_words,
-           metavar="ARGS"),
-    Option("slurm-ranks-per-node", "string", None, "slurm launcher: most ranks one node runs; larger cells span "
-                                                   "nodes (default: 8 for GPU profiles, one node for CPU profiles)",
-           whole, metavar="N"),
-    Option("slurm-queue-timeout", "string", "3600", "slurm launcher: seconds a cell may wait in SLURM's queue "
-                                                    "before it is withdrawn and reported as not scheduled (its "
-                                                    "--simplefsdp-timeout counts from the step's start)", positive,
-           metavar="SECONDS"),
+    Option(
+        "slurm-partition",
+        "string",
+        None,
+        "slurm launcher: the partition the cells' steps run in (srun --partition)",
+        metavar="NAME",
+    ),
+    Option("slurm-account", "string", None, "slurm launcher: the account charged (srun --account)", metavar="NAME"),
+    Option(
+        "slurm-args",
+        "string",
+        None,
+        'slurm launcher: more srun options, as one shell-quoted string (e.g. "--qos=high --cpus-per-task=16")',
+        _srun_words,
+        metavar="ARGS",
+    ),
+    Option(
+        "slurm-ranks-per-node",
+        "string",
+        None,
+        "slurm launcher: most ranks one node runs; larger cells span "
+        "nodes (default: 8 for GPU profiles, one node for CPU profiles)",
+        whole,
+        metavar="N",
+    ),
+    Option(
+        "slurm-queue-timeout",
+        "string",
+        "3600",
+        "slurm launcher: seconds a cell may wait in SLURM's queue "
+        "before it is withdrawn and reported as not scheduled (its "
+        "--simplefsdp-timeout counts from the step's start)",
+        positive,
+        metavar="SECONDS",
+    ),
 ]
 
 
@@ -47,8 +68,13 @@ def pytest_simplefsdp_make_launcher(config, name, dry_run):
     from .slurm import SlurmLauncher, SlurmOptions, check_cluster  # (only here: the plugin loads in every run)
 
     o = read(config, OPTIONS)
-    options = SlurmOptions(o["slurm_partition"], o["slurm_account"], o["slurm_args"], o["slurm_ranks_per_node"],
-                           o["slurm_queue_timeout"] or 3600.0)
+    options = SlurmOptions(
+        o["slurm_partition"],
+        o["slurm_account"],
+        o["slurm_args"],
+        o["slurm_ranks_per_node"],
+        o["slurm_queue_timeout"] or 3600.0,
+    )
     problem = None if dry_run else check_cluster(options)
     if problem:
         raise pytest.UsageError(problem)

@@ -23,7 +23,8 @@ class LaunchSpec:
 
 @dataclass
 class LaunchOutcome:
-    exit_codes: dict[int, int] = field(default_factory=dict)  # rank -> exit code (negative: signal)
+    exit_codes: dict[int | str, int] = field(default_factory=dict)  # rank (or the launcher's own process) -> exit
+    # code (negative: signal)
     launcher_exit: int | None = None  # a launcher process's own failure (torchrun, srun) no rank explains
     first_failed_rank: int | None = None
     left: dict = field(default_factory=dict)  # rank -> (seconds after the start, exit code or None): when it ended

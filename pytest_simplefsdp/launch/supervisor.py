@@ -73,7 +73,7 @@ class Supervisor:
             kill_procs(orphans_since(before), grace=0.5)
             raise
         self.outcome.wall = time.monotonic() - start
-        self.outcome.survivors = (self.reaped() + self.kill() + kill_procs(orphans_since(before), grace=0.5))
+        self.outcome.survivors = self.reaped() + self.kill() + kill_procs(orphans_since(before), grace=0.5)
 
     def reaped(self):
         """What the ranks' reapers named and killed (launch/reaper.py): the lines they left in the cell's logs."""
@@ -94,8 +94,9 @@ class Supervisor:
         """The cell ran past its timeout: dump every rank's stack, note who was still running, stop it."""
         self.outcome.timed_out = True
         self.dump_stacks()
-        self.outcome.stuck_ranks = sorted(alive_ranks() if alive_ranks else
-                                          (k for k in procs if k not in self.outcome.exit_codes))
+        self.outcome.stuck_ranks = sorted(
+            alive_ranks() if alive_ranks else (k for k in procs if k not in self.outcome.exit_codes)
+        )
         self.kill()
 
     def note_leavers(self, now, start, procs, alive_ranks):
@@ -142,8 +143,10 @@ class Supervisor:
                 self.note_leavers(now, start, procs, alive_ranks)
             if torn_down is not None and now > torn_down + TERM_GRACE_S:
                 # a peer that ignores SIGTERM must not turn the first failure into a hang
-                self.outcome.notes.append(f"ranks still running {TERM_GRACE_S:.0f} s after rank "
-                                          f"{self.outcome.first_failed_rank} failed were killed (SIGKILL)")
+                self.outcome.notes.append(
+                    f"ranks still running {TERM_GRACE_S:.0f} s after rank "
+                    f"{self.outcome.first_failed_rank} failed were killed (SIGKILL)"
+                )
                 self.kill(grace=0.0)
                 for key, p in procs.items():
                     self.outcome.exit_codes.setdefault(key, p.wait())

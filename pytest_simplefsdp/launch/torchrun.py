@@ -25,10 +25,19 @@ class TorchrunLauncher:
 
     def torchrun_argv(self, spec: LaunchSpec, nproc=None, addr="127.0.0.1", log_dir=None, nodes=()):
         """torchrun for the cell; ``nodes``: extra rendezvous options of a multi-node run."""
-        argv = [interpreter(spec.command.argv), "-m", "torch.distributed.run", f"--nproc-per-node={nproc or spec.nproc}",
-                *nodes, f"--master-addr={addr}", f"--master-port={spec.port}", "--max-restarts=0",
-                f"--log-dir={log_dir or spec.log_dir / 'torchrun'}", "--redirects=3",
-                *(["--virtual-local-rank"] if spec.command.virtual_local_rank else [])]
+        argv = [
+            interpreter(spec.command.argv),
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc or spec.nproc}",
+            *nodes,
+            f"--master-addr={addr}",
+            f"--master-port={spec.port}",
+            "--max-restarts=0",
+            f"--log-dir={log_dir or spec.log_dir / 'torchrun'}",
+            "--redirects=3",
+            *(["--virtual-local-rank"] if spec.command.virtual_local_rank else []),
+        ]
         # each worker under its own reaper (launch/reaper.py): what a rank leaves behind is named in its log
         return argv + ["--no-python", *reaped(spec.command.argv, interpreter(spec.command.argv))]
 
@@ -51,10 +60,16 @@ class TorchrunLauncher:
         out.launcher_log = spec.log_dir / "torchrun.log"
         with open(out.launcher_log, "wb") as f:
             try:
-                proc = spawn(self.torchrun_argv(spec), env=rank_env(spec, token),
-                                        cwd=spec.command.cwd, stdout=f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        preexec_fn=die_with_parent(signal.SIGTERM))  # torchrun stops its workers
+                proc = spawn(
+                    self.torchrun_argv(spec),
+                    env=rank_env(spec, token),
+                    cwd=spec.command.cwd,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(signal.SIGTERM),
+                )  # torchrun stops its workers
             except OSError as e:
                 out.launch_error = f"cannot start torchrun: {e.strerror or e}"
                 return out
@@ -88,8 +103,8 @@ def read_root_cause(out: LaunchOutcome, code):
     if head in text:
         end = text.rfind(head)
         start = text.rfind("Failures:", 0, end)  # (the last summary, with the other failures it lists)
-        summary = text[start if start >= 0 else end:]
-        codes = {}
+        summary = text[start if start >= 0 else end :]
+        codes: dict = {}
         for block in re.split(r"(?m)^\s*\[\d+\]:\s*$", summary)[1:]:
             rank = re.search(r"(?m)^\s*rank\s*:\s*(\d+)", block)
             exitcode = re.search(r"(?m)^\s*exitcode\s*:\s*(-?\d+)", block)
@@ -99,10 +114,12 @@ def read_root_cause(out: LaunchOutcome, code):
         if named is not None:
             first = int(named.group(1))
             left = {r: out.left[r][0] for r, c in codes.items() if c != 0 and r in out.left}
-            earliest = min(left, key=left.get, default=first)
+            earliest = min(left, key=lambda r: left[r], default=first)
             if first in left and left[earliest] < left[first]:
-                out.notes.append(f"torchrun named rank {first} as the first failure; rank {earliest} left "
-                                 f"{left[first] - left[earliest]:.1f} s before it")
+                out.notes.append(
+                    f"torchrun named rank {first} as the first failure; rank {earliest} left "
+                    f"{left[first] - left[earliest]:.1f} s before it"
+                )
                 first = earliest
             out.first_failed_rank = first
             out.exit_codes.update(codes)

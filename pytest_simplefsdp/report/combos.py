@@ -34,7 +34,13 @@ def failing_combinations(run) -> list[Combination]:
     out = []
     for sig, cells in by_signature.items():
         found = needs([c["axes"] for c in cells], passing)
-        out.append(Combination(sig, [c["id"] for c in cells], found.values,
-                               next((c.get("known_failure") for c in cells if c.get("known_failure")), None),
-                               found.separated))
+        out.append(
+            Combination(
+                sig,
+                [c["id"] for c in cells],
+                found.values,
+                next((c.get("known_failure") for c in cells if c.get("known_failure")), None),
+                found.separated,
+            )
+        )
     return out

@@ -19,6 +19,7 @@ def key(meta, rec):
 
 def compare_runs(old_doc, new_doc):
     """{key: Change word} between two runs (cells in both that ran in both; see ``key``)."""
+
     def index(doc):
         return {key(run["meta"], rec): rec for run in doc["runs"] for rec in run["cells"]}
 
@@ -41,5 +42,4 @@ def compare_runs(old_doc, new_doc):
 
 def change_lines(changes):
     """(text, is_good) per change, for the terminal and the report tool alike."""
-    return ([(f"{change}: {k}", Change(change) in GOOD) for k, change in changes.items()]
-            or [("no cell changed", True)])
+    return [(f"{change}: {k}", Change(change) in GOOD) for k, change in changes.items()] or [("no cell changed", True)]

@@ -11,8 +11,16 @@ from .gate import gate
 from .twin import twins
 
 
-def complete(doc: dict, *, seeds: dict | None = None, incidents=(), compared=None, twin: str | None = None,
-             installed: str = "", bisections: list | None = None) -> dict:
+def complete(
+    doc: dict,
+    *,
+    seeds: dict | None = None,
+    incidents=(),
+    compared=None,
+    twin: str | None = None,
+    installed: str = "",
+    bisections: list | None = None,
+) -> dict:
     """``doc`` with its sections: ``seeds`` {matrix: seed records}, ``compared`` (what, the older document),
     ``twin`` the second version set's label (``installed``: the first one's words), ``bisections`` their records.
     The gate's block is summed up from the cells as they are judged now (a re-judged run's block says what its
@@ -41,6 +49,19 @@ def complete(doc: dict, *, seeds: dict | None = None, incidents=(), compared=Non
 def twin_block(run_doc: dict, first: str, second: str) -> dict:
     """A profile's twin pairs: each cell's verdict on both version sets, their numerics and whether they differ."""
     pairs = twins(run_doc, INSTALLED, second)
-    return {"profile": run_doc["meta"].get("profile"), "first": first, "second": second,
-            "pairs": [{"cell": t.cell, "first": t.a["status"], "second": t.b["status"], "numerics": t.numerics(),
-                       "differs": t.differs(), "walls": [t.a.get("wall"), t.b.get("wall")]} for t in pairs]}
+    return {
+        "profile": run_doc["meta"].get("profile"),
+        "first": first,
+        "second": second,
+        "pairs": [
+            {
+                "cell": t.cell,
+                "first": t.a["status"],
+                "second": t.b["status"],
+                "numerics": t.numerics(),
+                "differs": t.differs(),
+                "walls": [t.a.get("wall"), t.b.get("wall")],
+            }
+            for t in pairs
+        ],
+    }

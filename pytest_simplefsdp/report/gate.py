@@ -32,11 +32,18 @@ def gate(doc: dict) -> dict | None:
                 elif other.get("passed") == other.get("runs"):
                     theirs = f"passed {other['runs']} of {other['runs']}"
                 else:
-                    theirs = (f"failed {other['runs'] - other['passed']} of {other['runs']}: "
-                              + "; ".join(other.get("signatures") or []))
-                failures.append({"cell": f"{run_doc['meta']['profile']}::{rec['id']}", "class": rec["gate"],
-                                 "here": rec.get("signature") or rec.get("error_line") or "", "base": theirs,
-                                 "verdict": rec.get("verdict", "")})
+                    theirs = f"failed {other['runs'] - other['passed']} of {other['runs']}: " + "; ".join(
+                        other.get("signatures") or []
+                    )
+                failures.append(
+                    {
+                        "cell": f"{run_doc['meta']['profile']}::{rec['id']}",
+                        "class": rec["gate"],
+                        "here": rec.get("signature") or rec.get("error_line") or "",
+                        "base": theirs,
+                        "verdict": rec.get("verdict", ""),
+                    }
+                )
     failures.sort(key=lambda f: (ORDER.index(GateClass(f["class"])), f["cell"]))
     counts = {str(c): sum(1 for f in failures if f["class"] == c) for c in ORDER}
     return {"base": base, "counts": counts, "failures": failures, "numerics": numerics(doc)}
@@ -53,8 +60,14 @@ def numerics(doc: dict) -> dict:
                 continue
             compared += other.get("changed") is not None
             if other.get("changed") is not False:
-                changed.append({"cell": f"{run_doc['meta']['profile']}::{rec['id']}", "line": other.get("line"),
-                                "beyond": bool(other.get("beyond")), "size": other.get("size") or {}})
+                changed.append(
+                    {
+                        "cell": f"{run_doc['meta']['profile']}::{rec['id']}",
+                        "line": other.get("line"),
+                        "beyond": bool(other.get("beyond")),
+                        "size": other.get("size") or {},
+                    }
+                )
     return {"compared": compared, "changed": changed}
 
 
@@ -64,8 +77,9 @@ def numerics_lines(g: dict) -> list[str]:
     if not n.get("compared") and not n.get("changed"):
         return []
     moved = [c for c in n["changed"] if c["size"]]
-    head = (f"numerics vs the base: {len(moved)} of {n['compared']} passing smoke cell(s) compared changed"
-            + ("" if moved else " (bit for bit the same)"))
+    head = f"numerics vs the base: {len(moved)} of {n['compared']} passing smoke cell(s) compared changed" + (
+        "" if moved else " (bit for bit the same)"
+    )
     return [head] + [f"  {c['cell']}: {c['line']}" for c in n["changed"]]
 
 
@@ -81,7 +95,7 @@ def rows(g: dict) -> list[tuple]:
 
 def short(text: str, width=90) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def markdown(g: dict) -> list[str]:
@@ -90,8 +104,11 @@ def markdown(g: dict) -> list[str]:
     lines += [f"- **{c}**: {MEANING[GateClass(c)]}" for c in g["counts"]]
     if g["failures"]:
         lines += ["", "| cell | class | signature here | on the base |", "|---|---|---|---|"]
-        lines += [f"| `{f['cell']}` | {f['class']} | `{short(f['here']).replace('|', '/')}` | "
-                  f"{short(f['base']).replace('|', '/')} |" for f in g["failures"]]
+        lines += [
+            f"| `{f['cell']}` | {f['class']} | `{short(f['here']).replace('|', '/')}` | "
+            f"{short(f['base']).replace('|', '/')} |"
+            for f in g["failures"]
+        ]
     extra = numerics_lines(g)
     if extra:
         lines += ["", f"**{extra[0]}**", ""] + [f"- {line.strip()}" for line in extra[1:]]

@@ -13,18 +13,29 @@ from pathlib import Path
 from tabulate import tabulate
 
 from ..kinds import Status
+from ..words import plural
 from . import gate
 from .combos import failing_combinations
 from .compare import MARKS, key
-from ..words import plural
 from .status import features
-from .tables import (GRID_KEY, MUTATION_HEADERS, STATUS_MD, TRACE_NOTE, grid, mutation_rows, mutation_score,
-                     summary_counts, where_line)
+from .tables import (
+    GRID_KEY,
+    MUTATION_HEADERS,
+    STATUS_MD,
+    TRACE_NOTE,
+    grid,
+    mutation_rows,
+    mutation_score,
+    summary_counts,
+    where_line,
+)
 
-LEGEND = ("✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 after one of those: flaky (a known flaky cell, "
-          "or a flaky cell's flip since the compared run) · ⚠️ known failure that passed (XPASS: delete its entry) · "
-          "⏭️ skipped · ➖ n/a (ruled out) "
-          "· 🆕 newly broken · 🎉 newly fixed · 🔀 failure signature changed since the compared run · " + GRID_KEY)
+LEGEND = (
+    "✅ passes · ❌ fails (new) · 🚧 known failure (xfail) · 🔁 after one of those: flaky (a known flaky cell, "
+    "or a flaky cell's flip since the compared run) · ⚠️ known failure that passed (XPASS: delete its entry) · "
+    "⏭️ skipped · ➖ n/a (ruled out) "
+    "· 🆕 newly broken · 🎉 newly fixed · 🔀 failure signature changed since the compared run · " + GRID_KEY
+)
 
 
 def code(text) -> str:
@@ -60,22 +71,29 @@ def render_md(doc, base=None):
         meta = run["meta"]
         if meta.get("tier") not in (None, "real"):
             out.extend([f"> {TRACE_NOTE}", ""])
-        out.extend([f"## Profile {meta.get('profile', '?')} — {summary_counts(run)}", "",
-                    f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, "
-                    + ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-                    + f", {meta.get('date', '')}{where_line(meta)}{known_failures_line(meta, base)}", ""])
+        out.extend(
+            [
+                f"## Profile {meta.get('profile', '?')} — {summary_counts(run)}",
+                "",
+                f"{meta.get('matrix', '?')}, target {meta.get('target', '?')}, "
+                + ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
+                + f", {meta.get('date', '')}{where_line(meta)}{known_failures_line(meta, base)}",
+                "",
+            ]
+        )
         out.extend(status_md(run))
         out.extend(combinations_md(run))
         records = {(rec["axes"].get("model", "")): [] for rec in run["meta"].get("valid", [])}
         for rec in run["cells"]:
             records.setdefault(rec["axes"].get("model", ""), []).append(rec)
+        models = [v.get("model", "") for v in run["meta"].get("valid", [])]
         for model, cells in records.items():
             ran = len(cells)
-            valid = sum(1 for v in run["meta"].get("valid", []) if v.get("model", "") == model) or ran
+            valid = models.count(model) or ran
             out.append(f"### {model or meta.get('matrix', '?')}: {ran} of {plural(valid, 'valid cell')} run")
             out.append("")
 
-            def symbol(rec):  # (a known flaky cell: its outcome, then the flaky mark)
+            def symbol(rec, meta=meta):  # (a known flaky cell: its outcome, then the flaky mark)
                 text = STATUS_MD.get(rec["status"], rec["status"]) + ("🔁" if rec.get("flaky") else "")
                 note = _note(rec, base)
                 if note:
@@ -84,6 +102,7 @@ def render_md(doc, base=None):
                 return text + MARKS.get(changes.get(key(meta, rec), ""), "")
 
             sub = model_grid(run, model, cells)
+
             def ruled_out(rec):  # one footnote per rule and reason, shared by its cells
                 note = f"➖ ruled out by rule `{rec.get('rule', '?')}`: {code(rec.get('reason', ''))}"
                 if note not in notes:
@@ -94,14 +113,21 @@ def render_md(doc, base=None):
             out.append(tabulate(body, headers=headers, tablefmt="github"))
             out.append("")
         if run.get("mutants"):
-            out.extend([f"## mutation tier — profile {meta.get('profile', '?')}: {mutation_score(run)}", "",
-                        tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="github"), ""])
+            out.extend(
+                [
+                    f"## mutation tier — profile {meta.get('profile', '?')}: {mutation_score(run)}",
+                    "",
+                    tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="github"),
+                    "",
+                ]
+            )
     if notes:
         out.extend(f"[^{i}]: {note}" for i, note in enumerate(notes, 1))
         out.append("")
     if doc.get("walltime_plot"):
-        out.extend([f"Wall time per cell: [{Path(doc['walltime_plot']).name}]({relative(doc['walltime_plot'], base)})",
-                    ""])
+        out.extend(
+            [f"Wall time per cell: [{Path(doc['walltime_plot']).name}]({relative(doc['walltime_plot'], base)})", ""]
+        )
     return "\n".join(out)
 
 
@@ -123,8 +149,11 @@ def status_md(run):
     groups = features(run)
     if not groups:
         return []
-    out = ["**Status by feature** (Done: every valid cell with it ran and passed; Partly run: some did not run in "
-           "this run; In progress: the others fail as known failures; Failing: one fails with a new error)", ""]
+    out = [
+        "**Status by feature** (Done: every valid cell with it ran and passed; Partly run: some did not run in "
+        "this run; In progress: the others fail as known failures; Failing: one fails with a new error)",
+        "",
+    ]
     for group, rows in groups:
         out.append(f"*{group}*")
         out.append("")
@@ -139,8 +168,11 @@ def combinations_md(run):
     found = failing_combinations(run)
     if not found:
         return []
-    out = ["**Which combination fails** (the axis values every cell failing with an error shares and no passing "
-           "cell has):", ""]
+    out = [
+        "**Which combination fails** (the axis values every cell failing with an error shares and no passing "
+        "cell has):",
+        "",
+    ]
     for c in found:
         entry = f", known failure `{c.known}`" if c.known else ""
         what = c.label() if c.separated else f"{c.label()} (no passing cell tells them apart: what they share)"
@@ -150,25 +182,33 @@ def combinations_md(run):
 
 def model_grid(run, model, cells=()):
     """A run's grid input for one model's table: its cells, dropped and valid places, rows without the model."""
-    return {"meta": run["meta"],
-            "cells": [dict(rec, row=strip_model(rec["row"], model)) for rec in cells],
-            "dropped": [dict(d, row=strip_model(d["row"], model)) for d in run["dropped"]
-                        if d["axes"].get("model", "") == model],
-            "valid": [dict(v, row=strip_model(v["row"], model)) for v in run["meta"].get("valid", [])
-                      if v.get("model", "") == model]}
+    return {
+        "meta": run["meta"],
+        "cells": [dict(rec, row=strip_model(rec["row"], model)) for rec in cells],
+        "dropped": [
+            dict(d, row=strip_model(d["row"], model)) for d in run["dropped"] if d["axes"].get("model", "") == model
+        ],
+        "valid": [
+            dict(v, row=strip_model(v["row"], model))
+            for v in run["meta"].get("valid", [])
+            if v.get("model", "") == model
+        ],
+    }
 
 
 def strip_model(row, model):
     """The row label without the model (each model has its own table)."""
     if model and row.startswith(model):
-        return row[len(model):].strip() or "-"
+        return row[len(model) :].strip() or "-"
     return row
 
 
 def _note(rec, base):
     if rec["status"] in (Status.XFAILED, Status.SKIPPED) and rec.get("known_failure"):
-        return (f"`{rec['id']}`: known failure `{rec['known_failure']}` ({rec.get('known_failure_link')}): "
-                f"{code(rec.get('error_line') or rec.get('verdict'))}")
+        return (
+            f"`{rec['id']}`: known failure `{rec['known_failure']}` ({rec.get('known_failure_link')}): "
+            f"{code(rec.get('error_line') or rec.get('verdict'))}"
+        )
     if rec["status"] == Status.FAILED and not rec.get("failure_class"):  # a known failure the gate saw pass
         return f"`{rec['id']}`: {code(rec.get('verdict'))}"
     if rec["status"] == Status.FAILED:

@@ -35,15 +35,21 @@ def detail(rec) -> str:
     mem = rec["memory"]
     fullest = max(mem["ranks"].values(), key=lambda r: r["params"])
     peak = "" if fullest.get("peak") is None else f", peak {mib(fullest['peak'])} MiB"
-    return (f"memory per rank (fullest): params {mib(fullest['params'])} MiB, grads {mib(fullest['grads'])} MiB, "
-            f"optimizer {mib(fullest['optimizer'])} MiB{peak}; {mem['share']:.3f} of the model's "
-            f"{mib(mem['model_bytes'])} MiB of parameters, expected {mem['expected_share']:.3f}"
-            + ("" if mem.get("ratio") is None else f" (held / expected {mem['ratio']:.4f})"))
+    return (
+        f"memory per rank (fullest): params {mib(fullest['params'])} MiB, grads {mib(fullest['grads'])} MiB, "
+        f"optimizer {mib(fullest['optimizer'])} MiB{peak}; {mem['share']:.3f} of the model's "
+        f"{mib(mem['model_bytes'])} MiB of parameters, expected {mem['expected_share']:.3f}"
+        + ("" if mem.get("ratio") is None else f" (held / expected {mem['ratio']:.4f})")
+    )
 
 
 def _index(doc):
-    return {cell_key(run["meta"].get("profile"), run["meta"].get("tier", "real"), rec["id"]): rec
-            for run in doc["runs"] for rec in run["cells"] if rec.get("memory")}
+    return {
+        cell_key(run["meta"].get("profile"), run["meta"].get("tier", "real"), rec["id"]): rec
+        for run in doc["runs"]
+        for rec in run["cells"]
+        if rec.get("memory")
+    }
 
 
 def render(doc, old=None) -> str:
@@ -57,8 +63,14 @@ def render(doc, old=None) -> str:
     for key, rec in new.items():
         mem = rec["memory"]
         for rank, r in mem["ranks"].items():
-            row = [rec["id"], rank, *(mib(r[k]) for k in KINDS), mib(r["expected"]),
-                   f"{r['params'] / mem['model_bytes']:.3f}", f"{r['params'] / r['expected']:.4f}"]
+            row = [
+                rec["id"],
+                rank,
+                *(mib(r[k]) for k in KINDS),
+                mib(r["expected"]),
+                f"{r['params'] / mem['model_bytes']:.3f}",
+                f"{r['params'] / r['expected']:.4f}",
+            ]
             if old is not None:
                 was = before.get(key, {}).get("memory", {}).get("ranks", {}).get(rank)
                 row += [mib(was["params"]), f"{r['params'] / was['params']:.4f}"] if was else ["-", "-"]

@@ -10,8 +10,8 @@ import json
 
 from ..judge.numerics import numerics_key
 from ..kinds import Status
-from ..words import release
 from ..spec.matrix import NOISE_KINDS
+from ..words import release
 
 MARGIN, FLOOR = 5.0, 1.0e-6  # a bug moving a norm by 10x its layout's noise fails; bitwise layouts get the floor
 
@@ -38,11 +38,14 @@ def machine_of(run) -> dict:
     """The numerics machine every measured cell ran on (judge.numerics.numerics_key of its ranks' record); a run
     whose cells ran on more than one measures no single machine's noise: refused."""
     measured = measure(run)
-    keys = {json.dumps(numerics_key(rec.get("machine")), sort_keys=True) for rec in run["cells"]
-            if rec["id"] in measured}
+    keys = {
+        json.dumps(numerics_key(rec.get("machine")), sort_keys=True) for rec in run["cells"] if rec["id"] in measured
+    }
     if len(keys) != 1 or keys == {"null"}:
-        raise ValueError(f"the run's cells do not name one numerics machine ({len(keys)} seen: "
-                         f"{', '.join(sorted(keys))}): noise is measured on one")
+        raise ValueError(
+            f"the run's cells do not name one numerics machine ({len(keys)} seen: "
+            f"{', '.join(sorted(keys))}): noise is measured on one"
+        )
     return json.loads(keys.pop())
 
 
@@ -52,14 +55,21 @@ def render(doc) -> str:
     meta = run["meta"]
     versions = {p: release(v) for p, v in (meta.get("versions") or {}).items() if p in ("torch", "torchtitan")}
     machine = machine_of(run)
-    lines = [f"# each layout's noise: the largest relative difference from its baseline in a clean run of profile "
-             f"{meta.get('profile')} ({meta.get('date', '')}, {len(run['cells'])} cells), made by",
-             "# python -m pytest_simplefsdp.report RUN --format noise; a cell's tolerance is margin x its noise "
-             "(at least floor, at most its lane's) on the versions and numerics machine measured_on names",
-             f"# (measured on {meta.get('host') or 'a host'} with CPU flags {machine.get('flags') or 'unknown'})",
-             "measured_on: {" + ", ".join(f"{p}: {v}" for p, v in versions.items())
-             + ", machine: {" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in machine.items()) + "}}",
-             f"margin: {MARGIN:g}", f"floor: {FLOOR:.1e}", "layouts:"]
+    lines = [
+        f"# each layout's noise: the largest relative difference from its baseline in a clean run of profile "
+        f"{meta.get('profile')} ({meta.get('date', '')}, {len(run['cells'])} cells), made by",
+        "# python -m pytest_simplefsdp.report RUN --format noise; a cell's tolerance is margin x its noise "
+        "(at least floor, at most its lane's) on the versions and numerics machine measured_on names",
+        f"# (measured on {meta.get('host') or 'a host'} with CPU flags {machine.get('flags') or 'unknown'})",
+        "measured_on: {"
+        + ", ".join(f"{p}: {v}" for p, v in versions.items())
+        + ", machine: {"
+        + ", ".join(f"{k}: {json.dumps(v)}" for k, v in machine.items())
+        + "}}",
+        f"margin: {MARGIN:g}",
+        f"floor: {FLOOR:.1e}",
+        "layouts:",
+    ]
     for cell, row in measure(run).items():
         lines.append(f"  {cell}: {{" + ", ".join(f"{k}: {row[k]:.2e}" for k in NOISE_KINDS if k in row) + "}")
     return "\n".join(lines) + "\n"

@@ -38,10 +38,12 @@ e.dataset.status)>=0;if(e.tagName=='TD'){e.classList.toggle('dim',hide)}else{e.c
 function init(){var m=location.hash.match(/only=([a-z,]+)/);if(m){var on=m[1].split(',');document.querySelectorAll(
 'nav input').forEach(function(b){b.checked=on.indexOf(b.value)>=0})}document.querySelectorAll('nav input').forEach(
 function(b){b.addEventListener('change',apply)});apply()}document.addEventListener('DOMContentLoaded',init)"""
-GROUPS = (("new", "New failures", "failed with an error no known-failures entry expects"),
-          ("known", "Known failures", "failed as a known-failures entry says"),
-          ("flaky", "Known flaky", "a flaky entry's cell, this time"),
-          ("fixed", "Fixed", "a known failure that passed: delete its entry"))
+GROUPS = (
+    ("new", "New failures", "failed with an error no known-failures entry expects"),
+    ("known", "Known failures", "failed as a known-failures entry says"),
+    ("flaky", "Known flaky", "a flaky entry's cell, this time"),
+    ("fixed", "Fixed", "a known failure that passed: delete its entry"),
+)
 
 
 def write(doc, target: Path) -> Path:
@@ -76,15 +78,23 @@ def render(doc, folder: Path, inline=False) -> str:
     runs = doc["runs"]
     cells = [(run, rec) for run in runs for rec in run["cells"]]
     title = "; ".join(f"{run['meta'].get('profile')}: {summary_counts(run)}" for run in runs)
-    out = ["<!doctype html><html><head><meta charset='utf-8'>",
-           f"<title>SimpleFSDP composability — {_e(title)}</title><style>{STYLE}</style><script>{SCRIPT}</script>",
-           "</head><body><h1>SimpleFSDP composability status</h1>"]
-    out.extend(f"<p class='summary'><b>{_e(run['meta'].get('profile'))}</b>: {_e(summary_counts(run))}</p>"
-               for run in runs)
-    out.append("<nav>show: " + "".join(f"<label><input type='checkbox' value='{f}' checked> {f}</label>"
-                                       for f in FILTERS) + "</nav>")
-    out.extend(f"<p class='incident'><b>launcher incident:</b> <code>{_e(line)}</code></p>"
-               for line in doc.get("incidents") or ())
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>SimpleFSDP composability — {_e(title)}</title><style>{STYLE}</style><script>{SCRIPT}</script>",
+        "</head><body><h1>SimpleFSDP composability status</h1>",
+    ]
+    out.extend(
+        f"<p class='summary'><b>{_e(run['meta'].get('profile'))}</b>: {_e(summary_counts(run))}</p>" for run in runs
+    )
+    out.append(
+        "<nav>show: "
+        + "".join(f"<label><input type='checkbox' value='{f}' checked> {f}</label>" for f in FILTERS)
+        + "</nav>"
+    )
+    out.extend(
+        f"<p class='incident'><b>launcher incident:</b> <code>{_e(line)}</code></p>"
+        for line in doc.get("incidents") or ()
+    )
     out.extend(_gate(doc))
     out.extend(_failures(cells, link))
     out.extend(_changes(doc))
@@ -108,8 +118,7 @@ def _gate(doc):
     out += [f"<li><b>{_e(c)}</b>: {_e(m)}</li>" for c, m in gate.MEANING.items()]
     out.append("</ul>")
     if pr["failures"]:
-        out.append(tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"),
-                            tablefmt="html"))
+        out.append(tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"), tablefmt="html"))
     extra = gate.numerics_lines(pr)
     if extra:
         out.append(f"<p>{_e(extra[0])}</p><ul>" + "".join(f"<li>{_e(x.strip())}</li>" for x in extra[1:]) + "</ul>")
@@ -128,20 +137,27 @@ def _failures(cells, link):
     for group, title, what in GROUPS:
         if not grouped[group]:
             continue
-        out.append(f"<h3 id='failures-{group}'>{title} ({len(grouped[group])})</h3><p>{what}</p>"
-                   f"<table class='failures'><tr><th>cell</th><th>class</th><th>rank</th><th>error</th>"
-                   f"<th>entry</th><th>log</th></tr>")
+        out.append(
+            f"<h3 id='failures-{group}'>{title} ({len(grouped[group])})</h3><p>{what}</p>"
+            f"<table class='failures'><tr><th>cell</th><th>class</th><th>rank</th><th>error</th>"
+            f"<th>entry</th><th>log</th></tr>"
+        )
         for run, rec in grouped[group]:
-            entry = (f"<a href='{_e(rec['known_failure_link'])}'>{_e(rec['known_failure'])}</a>"
-                     if rec.get("known_failure_link") else "")
+            entry = (
+                f"<a href='{_e(rec['known_failure_link'])}'>{_e(rec['known_failure'])}</a>"
+                if rec.get("known_failure_link")
+                else ""
+            )
             log = main_log(rec)
             error = rec.get("error_line") or rec.get("verdict") or ""
             rank = "" if rec.get("failing_rank") is None else rec["failing_rank"]
-            out.append(f"<tr class='{_e(rec['status'])}' data-status='{_e(status_of(rec))}'>"
-                       f"<td><a href='#cell-{_e(rec['id'])}'>{_e(run['meta'].get('profile'))}::{_e(rec['id'])}</a></td>"
-                       f"<td>{_e(rec.get('failure_class') or '')}</td><td>{_e(rank)}</td>"
-                       f"<td class='error'>{_e(error)}</td><td>{entry}</td>"
-                       f"<td>{f'<a href={_q(link(log))}>log</a>' if log else ''}</td></tr>")
+            out.append(
+                f"<tr class='{_e(rec['status'])}' data-status='{_e(status_of(rec))}'>"
+                f"<td><a href='#cell-{_e(rec['id'])}'>{_e(run['meta'].get('profile'))}::{_e(rec['id'])}</a></td>"
+                f"<td>{_e(rec.get('failure_class') or '')}</td><td>{_e(rank)}</td>"
+                f"<td class='error'>{_e(error)}</td><td>{entry}</td>"
+                f"<td>{f'<a href={_q(link(log))}>log</a>' if log else ''}</td></tr>"
+            )
         out.append("</table>")
     return out
 
@@ -154,18 +170,22 @@ def _changes(doc):
     if not changes:
         return out + ["<p>No cell changed.</p>"]
     out.append("<ul>")
-    out.extend(f"<li>{MARKS.get(change, '')} {_e(change)}: <a href='#cell-{_e(k.split('::', 1)[-1])}'>{_e(k)}</a></li>"
-               for k, change in changes.items())
+    out.extend(
+        f"<li>{MARKS.get(change, '')} {_e(change)}: <a href='#cell-{_e(k.split('::', 1)[-1])}'>{_e(k)}</a></li>"
+        for k, change in changes.items()
+    )
     return out + ["</ul>"]
 
 
 def _run(run, changes, link):
     meta = run["meta"]
     versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items())
-    out = [f"<h2>Profile {_e(meta.get('profile'))} — {_e(meta.get('matrix'))}</h2>",
-           f"<p>target {_e(meta.get('target'))}, launcher {_e(meta.get('launcher'))}, tier "
-           f"{_e(meta.get('tier', 'real'))}, {_e(versions)}, {_e(meta.get('date', ''))}{_e(where_line(meta))}; "
-           f"{_e(summary_counts(run))}</p>"]
+    out = [
+        f"<h2>Profile {_e(meta.get('profile'))} — {_e(meta.get('matrix'))}</h2>",
+        f"<p>target {_e(meta.get('target'))}, launcher {_e(meta.get('launcher'))}, tier "
+        f"{_e(meta.get('tier', 'real'))}, {_e(versions)}, {_e(meta.get('date', ''))}{_e(where_line(meta))}; "
+        f"{_e(summary_counts(run))}</p>",
+    ]
     if meta.get("tier") == "trace":
         out.append(f"<p><b>{_e(TRACE_NOTE)}</b></p>")
     groups = features(run)
@@ -175,16 +195,21 @@ def _run(run, changes, link):
             out.append(f"<p><b>{_e(group)}</b></p><ul>")
             for f in rows:
                 links = ", ".join(f"<a href='{_e(url)}'>{_e(e)}</a>" for e, url in f.entries)
-                out.append(f"<li>[{_e(f.state)}] {_e(f.name)}: {_e(f.counts())}"
-                           f"{'; known failures: ' + links if links else ''}</li>")
+                out.append(
+                    f"<li>[{_e(f.state)}] {_e(f.name)}: {_e(f.counts())}"
+                    f"{'; known failures: ' + links if links else ''}</li>"
+                )
             out.append("</ul>")
     combos = failing_combinations(run)
     if combos:
         out.append("<h3>Which combination fails</h3><ul>")
         apart = " (no passing cell tells them apart: what they share)"
-        out.extend(f"<li><b>{_e(c.label())}</b>{'' if c.separated else apart}: "
-                   f"{plural(len(c.cells), 'cell')}{', known failure ' + _e(c.known) if c.known else ''}: "
-                   f"<code>{_e(c.signature[:200])}</code></li>" for c in combos)
+        out.extend(
+            f"<li><b>{_e(c.label())}</b>{'' if c.separated else apart}: "
+            f"{plural(len(c.cells), 'cell')}{', known failure ' + _e(c.known) if c.known else ''}: "
+            f"<code>{_e(c.signature[:200])}</code></li>"
+            for c in combos
+        )
         out.append("</ul>")
     models = {v.get("model", ""): [] for v in meta.get("valid", [])}
     for rec in run["cells"]:
@@ -192,11 +217,13 @@ def _run(run, changes, link):
     for model, cells in models.items():
         valid = sum(1 for v in meta.get("valid", []) if v.get("model", "") == model) or len(cells)
         out.append(f"<h3>{_e(model or meta.get('matrix'))}: {len(cells)} of {valid} valid cells run</h3>")
-        headers, body = grid(model_grid(run, model, cells), every_row=True,
-                             cell=lambda rec: _cell(rec, link, changes.get(key(meta, rec))),
-                             na=_na,
-                             not_run=f"<span class='notrun' data-status='notrun' title='valid, not run this time'>"
-                                     f"{NOT_RUN}</span>")
+        headers, body = grid(
+            model_grid(run, model, cells),
+            every_row=True,
+            cell=lambda rec: _cell(rec, link, changes.get(key(meta, rec))),
+            na=_na,
+            not_run=f"<span class='notrun' data-status='notrun' title='valid, not run this time'>{NOT_RUN}</span>",
+        )
         out.append(tabulate(body, headers=headers, tablefmt="unsafehtml"))
     return out
 
@@ -208,8 +235,14 @@ def _na(rec):
 
 def _cell(rec, link, change):
     status = status_of(rec)
-    text = {Status.PASSED: "✅ pass", Status.FAILED: "❌ FAIL", Status.XFAILED: "🚧 xfail", Status.XPASSED: "⚠️ XPASS", Status.SKIPPED: "⏭️ skip",
-            "flaky": "🔁 flaky"}.get(status, status)
+    text = {
+        Status.PASSED: "✅ pass",
+        Status.FAILED: "❌ FAIL",
+        Status.XFAILED: "🚧 xfail",
+        Status.XPASSED: "⚠️ XPASS",
+        Status.SKIPPED: "⏭️ skip",
+        "flaky": "🔁 flaky",
+    }.get(status, status)
     if rec.get("failure_class") and rec["status"] != Status.PASSED:
         text += f" {rec['failure_class']}"
     if rec.get("numerics") and rec["status"] == Status.PASSED:
@@ -217,13 +250,17 @@ def _cell(rec, link, change):
     if rec.get("wall") and rec["status"] != Status.SKIPPED:
         text += f" {rec['wall']:.0f}s"
     title = rec.get("error_line") or rec.get("verdict") or ""
-    return (f"<span class='{_e(rec['status'])}' data-status='{_e(status)}' title='{_e(title)}'>"
-            f"<a href='#cell-{_e(rec['id'])}'>{_e(text)}</a>{MARKS.get(change or '', '')}</span>")
+    return (
+        f"<span class='{_e(rec['status'])}' data-status='{_e(status)}' title='{_e(title)}'>"
+        f"<a href='#cell-{_e(rec['id'])}'>{_e(text)}</a>{MARKS.get(change or '', '')}</span>"
+    )
 
 
 def _details(rec, link, image):
-    parts = [f"<li id='cell-{_e(rec['id'])}' class='{_e(rec['status'])}' data-status='{_e(status_of(rec))}'>"
-             f"<b>{_e(rec['id'])}</b>: {_e(status_of(rec))}"]
+    parts = [
+        f"<li id='cell-{_e(rec['id'])}' class='{_e(rec['status'])}' data-status='{_e(status_of(rec))}'>"
+        f"<b>{_e(rec['id'])}</b>: {_e(status_of(rec))}"
+    ]
     if rec.get("failure_class"):
         rank = "" if rec.get("failing_rank") is None else f", first failing rank {rec['failing_rank']}"
         parts.append(f" [{_e(rec['failure_class'])}{_e(rank)}] <span class='error'>{_e(rec.get('error_line'))}</span>")
@@ -242,10 +279,15 @@ def _details(rec, link, image):
         parts.append(f"<br>{_e(memory.detail(rec))}")
     if rec.get("invariants"):
         inv = rec["invariants"]
-        parts.append(f"<br>optimizer-step invariants: {inv.get('steps')} steps on ranks {_e(inv.get('ranks'))}: "
-                     + _e(inv.get("violation") or "every one holds"))
-    links = [f"<a href={_q(link(p))}>rank {_e(r)}</a>" for r, paths in (rec.get("rank_logs") or {}).items()
-             for p in paths[:1]]
+        parts.append(
+            f"<br>optimizer-step invariants: {inv.get('steps')} steps on ranks {_e(inv.get('ranks'))}: "
+            + _e(inv.get("violation") or "every one holds")
+        )
+    links = [
+        f"<a href={_q(link(p))}>rank {_e(r)}</a>"
+        for r, paths in (rec.get("rank_logs") or {}).items()
+        for p in paths[:1]
+    ]
     for label, field in (("result.json", "log_dir"), ("compile trace", "trace_html")):
         if rec.get(field):
             target = Path(rec[field]) / "result.json" if field == "log_dir" else rec[field]
@@ -261,13 +303,16 @@ def _details(rec, link, image):
 
 
 def _numerics(n):
-    out = f"lane {n.get('lane')} vs {n.get('baseline')}: max |diff| {n.get('max_abs_diff', 0):.3g}, max rel " \
-          f"{n.get('max_rel_diff', 0):.3g}, steps off {n.get('missed_steps')}"
+    out = (
+        f"lane {n.get('lane')} vs {n.get('baseline')}: max |diff| {n.get('max_abs_diff', 0):.3g}, max rel "
+        f"{n.get('max_rel_diff', 0):.3g}, steps off {n.get('missed_steps')}"
+    )
     params = n.get("params")
     if isinstance(params, dict):
         first = params.get("first_difference")
         out += f"; per parameter: {params.get('checked')} compared, first difference " + (
-            f"{first['param']} ({first['kind']}, step {first['step']})" if first else "none")
+            f"{first['param']} ({first['kind']}, step {first['step']})" if first else "none"
+        )
     return out
 
 
@@ -299,6 +344,7 @@ def _linker(folder: Path):
 
     def link(target):
         return Path(os.path.relpath(Path(target).resolve(), base)).as_posix()
+
     return link
 
 

@@ -65,8 +65,13 @@ class Feature:
         # (a cell its baseline or seed checkpoint failed did not show anything of its own: not counted as run)
         ran = [r for r in records if r["status"] != Status.SKIPPED and not r.get("culprit")]
         self.ran, self.passed = len(ran), sum(1 for r in ran if broken(r) is False)
-        self.entries = list(dict.fromkeys((r["known_failure"], r.get("known_failure_link")) for r in records
-                                          if r.get("known_failure") and r["status"] in (Status.XFAILED, Status.SKIPPED)))
+        self.entries = list(
+            dict.fromkeys(
+                (r["known_failure"], r.get("known_failure_link"))
+                for r in records
+                if r.get("known_failure") and r["status"] in (Status.XFAILED, Status.SKIPPED)
+            )
+        )
         # (a gate's XPASS has no failure class; a PR's failure the base shares, or whose runs disagree, is an
         # expected failure of the PR gate with no entry, and fails all the same)
         if any((r["status"] == Status.FAILED and r.get("failure_class")) or r.get("gate") in UNGATED for r in ran):
@@ -81,7 +86,7 @@ class Feature:
             self.state = DONE
 
     def counts(self):
-        """"3 of 12 cells run, 3 pass" (only when some did not run), else "3 of 3 cells pass"."""
+        """ "3 of 12 cells run, 3 pass" (only when some did not run), else "3 of 3 cells pass"."""
         if self.ran < self.valid:
             return f"{self.ran} of {plural(self.valid, 'cell')} run, {self.passed} pass"
         return f"{self.passed} of {plural(self.valid, 'cell')} pass{'es' if self.passed == 1 else ''}"

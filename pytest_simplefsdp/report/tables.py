@@ -14,13 +14,28 @@ from ..paths import shown
 from ..words import plural
 from . import memory
 
-SYMBOLS = {Status.PASSED: "pass", Status.FAILED: "FAIL", Status.XFAILED: "xfail", Status.XPASSED: "XPASS", Status.SKIPPED: "skip",
-           "dropped": "n/a"}
+SYMBOLS = {
+    Status.PASSED: "pass",
+    Status.FAILED: "FAIL",
+    Status.XFAILED: "xfail",
+    Status.XPASSED: "XPASS",
+    Status.SKIPPED: "skip",
+    "dropped": "n/a",
+}
 NOT_RUN = "·"  # a valid cell this run did not select; a blank is a combination the matrix's `exclude` removed
-STATUS_MD = {Status.PASSED: "✅", Status.FAILED: "❌", Status.XFAILED: "🚧", Status.XPASSED: "⚠️", Status.SKIPPED: "⏭️", "dropped": "➖"}
+STATUS_MD = {
+    Status.PASSED: "✅",
+    Status.FAILED: "❌",
+    Status.XFAILED: "🚧",
+    Status.XPASSED: "⚠️",
+    Status.SKIPPED: "⏭️",
+    "dropped": "➖",
+}
 GRID_KEY = f"{NOT_RUN} valid, not run this time · blank: not in the profile (its `exclude`)"
-TRACE_NOTE = ("TRACE TIER: each cell ran as ONE simulated rank on a CPU machine (fake process group): config, "
-              "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run")
+TRACE_NOTE = (
+    "TRACE TIER: each cell ran as ONE simulated rank on a CPU machine (fake process group): config, "
+    "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run"
+)
 
 
 def cell_text(rec):
@@ -77,8 +92,11 @@ def footnotes(run, verbose=False, root="."):
             if rec["status"] == Status.XPASSED or not rec.get("failure_class"):
                 lines.append(f"{rec['id']}: [{rec['status']}] {rec.get('verdict', '')}")
             else:
-                known = f" known failure {rec['known_failure']} {rec.get('known_failure_link')}" \
-                    if rec.get("known_failure") else ""
+                known = (
+                    f" known failure {rec['known_failure']} {rec.get('known_failure_link')}"
+                    if rec.get("known_failure")
+                    else ""
+                )
                 lines.append(f"{rec['id']}: [{rec['status']}{cls}{rank}]{known} {rec.get('error_line') or ''}")
                 if not rec.get("known_failure"):  # what a new known-failures entry's `error` would match
                     lines.append(f"    signature: {rec_signature(rec)[:300]}")
@@ -88,8 +106,10 @@ def footnotes(run, verbose=False, root="."):
     lines.extend(_proofs(run, verbose))
     by_rule = Counter(rec["rule"] for rec in run["dropped"])
     if by_rule:
-        lines.append(f"n/a: {plural(sum(by_rule.values()), 'cell')} dropped by rule: "
-                     + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common()))
+        lines.append(
+            f"n/a: {plural(sum(by_rule.values()), 'cell')} dropped by rule: "
+            + ", ".join(f"{rule} {n}" for rule, n in by_rule.most_common())
+        )
     return lines
 
 
@@ -102,18 +122,26 @@ def _proofs(run, verbose):
         if compared:
             off = sum(1 for rec in compared if rec.get("failure_class") == "numerics")
             equal = sum(1 for rec in compared if rec["numerics"]["max_abs_diff"] == 0)
-            lines.append(f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise "
-                         f"equal, {len(compared) - equal - off} within their tolerances"
-                         + (f", {off} outside)" if off else ")"))
-            held = [rec["numerics"]["noise"] for rec in compared if str(rec["numerics"].get("noise", "")).startswith(
-                "not applied")]
+            lines.append(
+                f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise "
+                f"equal, {len(compared) - equal - off} within their tolerances" + (f", {off} outside)" if off else ")")
+            )
+            held = [
+                rec["numerics"]["noise"]
+                for rec in compared
+                if str(rec["numerics"].get("noise", "")).startswith("not applied")
+            ]
             if held:  # the noise file was measured elsewhere: these cells had their lane's wider tolerance
-                lines.append(f"    {plural(len(held), 'cell')} judged by their lane, not their layout's noise: "
-                             f"{held[0].removeprefix('not applied: ')}")
+                lines.append(
+                    f"    {plural(len(held), 'cell')} judged by their lane, not their layout's noise: "
+                    f"{held[0].removeprefix('not applied: ')}"
+                )
         if checked:
             checks = [e["ok"] for rec in checked for e in rec["evidence"]]
-            lines.append(f"evidence: {plural(len(checked), 'cell')} checked against their labels ({sum(checks)} of "
-                         f"{plural(len(checks), 'check')} hold)")
+            lines.append(
+                f"evidence: {plural(len(checked), 'cell')} checked against their labels ({sum(checks)} of "
+                f"{plural(len(checks), 'check')} hold)"
+            )
         if compared or checked:
             lines.append("    (-v lists them per cell)")
         compared = [rec for rec in compared if rec.get("status") != "passed"]
@@ -122,8 +150,10 @@ def _proofs(run, verbose):
         lines.append("numerics (≡ bitwise equal to the baseline, ≈ within its tolerance):")
         for rec in compared:
             n = rec["numerics"]
-            lines.append(f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
-                         f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}{_params_note(n)}")
+            lines.append(
+                f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
+                f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}{_params_note(n)}"
+            )
     if checked:
         lines.append("evidence (the run shows its label: checks that hold / checks, labels checked):")
         for rec in checked:
@@ -144,17 +174,21 @@ def _params_note(numerics):
     judged = [v for step, v in grads.items() if int(step) <= params["grad_steps"]]
     first = params["first_difference"]
     differs = f"{first['param']} ({first['kind']}, step {first['step']})" if first else "none"
-    return (f"; per parameter: {params['checked']} compared (steps <= {params['grad_steps']}), grad max rel "
-            f"{max(judged, default=0.0):.3g}, first difference {differs}")
+    return (
+        f"; per parameter: {params['checked']} compared (steps <= {params['grad_steps']}), grad max rel "
+        f"{max(judged, default=0.0):.3g}, first difference {differs}"
+    )
 
 
 def summary_counts(run):
-    """"6 of 69 valid cells run (4 passed, 2 xfailed); 778 combinations n/a": never more than what ran."""
+    """ "6 of 69 valid cells run (4 passed, 2 xfailed); 778 combinations n/a": never more than what ran."""
     counts = Counter(rec.get("status") for rec in run["cells"])
     ran = ", ".join(f"{n} {status}" for status, n in counts.most_common()) or "none"
     valid = run["meta"].get("cells", len(run["cells"]))
-    return (f"{len(run['cells'])} of {plural(valid, 'valid cell')} run ({ran}); "
-            f"{plural(len(run['dropped']), 'combination')} n/a")
+    return (
+        f"{len(run['cells'])} of {plural(valid, 'valid cell')} run ({ran}); "
+        f"{plural(len(run['dropped']), 'combination')} n/a"
+    )
 
 
 def ran_under(run):
@@ -172,8 +206,10 @@ def render_text(doc, verbose=False, root="."):
     for run in doc["runs"]:
         meta = run["meta"]
         counts = mutation_score(run) if run.get("mutants") and not run["cells"] else summary_counts(run)
-        out.append(f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
-                   f"target {meta.get('target', '?')}, launcher {ran_under(run)}): {counts}")
+        out.append(
+            f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
+            f"target {meta.get('target', '?')}, launcher {ran_under(run)}): {counts}"
+        )
         if meta.get("tier") == "trace":
             out.append(TRACE_NOTE)
         if run["cells"]:
@@ -182,8 +218,9 @@ def render_text(doc, verbose=False, root="."):
             if any(v in ("", NOT_RUN) for row in body for v in row[1:]):
                 out.append(GRID_KEY)
             if len(run["cells"]) < run["meta"].get("cells", 0):
-                out.append("(rows where no cell ran are left out here; the status markdown and the page show every "
-                           "valid cell)")
+                out.append(
+                    "(rows where no cell ran are left out here; the status markdown and the page show every valid cell)"
+                )
         if run.get("mutants"):
             out.append(tabulate(mutation_rows(run), headers=MUTATION_HEADERS, tablefmt="simple"))
         out.extend(footnotes(run, verbose, root))
@@ -206,8 +243,15 @@ def mutation_rows(run, width=110):
         cell = m["id"].rsplit("[mutant-", 1)[0]
         verdict = m.get("mutation") or "?"
         line = m.get("error_line") or ""
-        rows.append((m["mutant"], cell, verdict, m.get("killed_by") or "-",
-                     line if len(line) <= width else line[:width - 3] + "..."))
+        rows.append(
+            (
+                m["mutant"],
+                cell,
+                verdict,
+                m.get("killed_by") or "-",
+                line if len(line) <= width else line[: width - 3] + "...",
+            )
+        )
     return rows
 
 

@@ -11,7 +11,6 @@ from ..versions.sets import INSTALLED, parse
 from ..words import plural
 from .tables import rec_signature
 
-
 BITWISE, WITHIN, OUT, NONE = "bitwise", "within lane", "out of lane", "-"
 
 
@@ -29,13 +28,22 @@ class Twin:
             return BITWISE
         lane = self.a.get("numerics") or self.b.get("numerics") or {}
         rtol, atol = lane.get("rtol", 0.0), lane.get("atol", 0.0)
-        close = all(x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
-                    and abs(x - y) <= atol + rtol * abs(x) for x, y in ((la[s], lb[s]) for s in la))
+        close = all(
+            x is not None
+            and y is not None
+            and math.isfinite(x)
+            and math.isfinite(y)
+            and abs(x - y) <= atol + rtol * abs(x)
+            for x, y in ((la[s], lb[s]) for s in la)
+        )
         return WITHIN if close and (rtol or atol) else OUT
 
     def differs(self) -> bool:
-        return (self.a["status"] != self.b["status"] or rec_signature(self.a) != rec_signature(self.b)
-                or self.numerics() in (WITHIN, OUT))
+        return (
+            self.a["status"] != self.b["status"]
+            or rec_signature(self.a) != rec_signature(self.b)
+            or self.numerics() in (WITHIN, OUT)
+        )
 
 
 def twins(run, first: str, second: str) -> list[Twin]:
@@ -46,8 +54,11 @@ def twins(run, first: str, second: str) -> list[Twin]:
         if label in by_set:
             rest = tuple(sorted((k, str(v)) for k, v in rec["axes"].items() if k != "versions"))
             by_set[label][rest] = rec
-    return [Twin(a["id"].replace(f"-{_slug(first)}", ""), a, by_set[second][k])
-            for k, a in by_set[first].items() if k in by_set[second]]
+    return [
+        Twin(a["id"].replace(f"-{_slug(first)}", ""), a, by_set[second][k])
+        for k, a in by_set[first].items()
+        if k in by_set[second]
+    ]
 
 
 def _slug(label):
@@ -70,14 +81,20 @@ def rows(pairs, first, second) -> list[tuple]:
 
 
 def _verdict(rec):
-    return (f"{rec['status']}" + (f" {rec['failure_class']}" if rec.get("failure_class") else "")
-            + f" {rec.get('wall', 0):.0f}s" + (" (outside the target's range)" if rec.get("outside_range") else ""))
+    return (
+        f"{rec['status']}"
+        + (f" {rec['failure_class']}" if rec.get("failure_class") else "")
+        + f" {rec.get('wall', 0):.0f}s"
+        + (" (outside the target's range)" if rec.get("outside_range") else "")
+    )
 
 
 def summary(pairs, first, second) -> str:
     same = sum(1 for t in pairs if not t.differs())
     bitwise = sum(1 for t in pairs if t.numerics() == BITWISE)
     differ = len(pairs) - same
-    return (f"twin run {first} vs {second}: {plural(len(pairs), 'cell')} on both; {same} behave"
-            f"{'s' if same == 1 else ''} the same ({bitwise} with bitwise equal losses); {differ} differ"
-            f"{'s' if differ == 1 else ''}")
+    return (
+        f"twin run {first} vs {second}: {plural(len(pairs), 'cell')} on both; {same} behave"
+        f"{'s' if same == 1 else ''} the same ({bitwise} with bitwise equal losses); {differ} differ"
+        f"{'s' if differ == 1 else ''}"
+    )

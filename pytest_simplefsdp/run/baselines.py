@@ -17,8 +17,16 @@ from pathlib import Path
 import pytest
 
 from ..judge.invariants import stats_of as update_stats
-from ..judge.numerics import (compare, compare_params, lane_for, mismatch_line, narrowed, noise_applies, param_line,
-                              read_param_stats)
+from ..judge.numerics import (
+    compare,
+    compare_params,
+    lane_for,
+    mismatch_line,
+    narrowed,
+    noise_applies,
+    param_line,
+    read_param_stats,
+)
 from ..judge.results import CellResult
 from ..kinds import FailureClass, RecordType, Status
 from ..paths import probe_folder
@@ -115,8 +123,14 @@ class Book:
                 name = f"seed-{model}" + ("" if vset.installed else f"-{vset.slug()}")
                 key = content_key(self.runner.sets.apply(run, command, vset), self.cache_dir)
                 folder = self.kept.folder(name, key)
-                job = SeedJob(model, name, key, folder,
-                              self.runner.sets.apply(run, run.target.seed_command(model, folder), vset), vset)
+                job = SeedJob(
+                    model,
+                    name,
+                    key,
+                    folder,
+                    self.runner.sets.apply(run, run.target.seed_command(model, folder), vset),
+                    vset,
+                )
             self.seed_jobs[(run.name, model, vset)] = job
         return self.seed_jobs[(run.name, model, vset)]
 
@@ -136,14 +150,16 @@ class Book:
         if not kept:
             scratch = self.kept.scratch(job.name)
             self.runner.sets.problem(run, job.vset)  # its environment first: the command is spelled by its torchtitan
-            command = self.runner.sets.apply(run, run.target.seed_command(job.model, scratch, job.vset.label()),
-                                             job.vset)
+            command = self.runner.sets.apply(
+                run, run.target.seed_command(job.model, scratch, job.vset.label()), job.vset
+            )
             failed = self.runner.run_seed(run, job.model, command, scratch, job.vset)
             if failed is not None:
                 return self._failed_seed(run, job, scratch, failed)
             self.kept.keep(scratch, job.name, job.key, {"model": job.model, "profile": run.matrix.profile})
         self.seed_records.setdefault(run.name, []).append(
-            {"model": job.model, "folder": str(job.folder), "kept_from_earlier_run": kept})
+            {"model": job.model, "folder": str(job.folder), "kept_from_earlier_run": kept}
+        )
         return job.folder
 
     def _failed_seed(self, run, job, scratch, failed):
@@ -151,8 +167,10 @@ class Book:
         logs.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(logs, ignore_errors=True)
         scratch.rename(logs)
-        return Unavailable(f"seed checkpoint for {job.model} failed: {failed.error_line} (logs: {logs})",
-                           f"seed checkpoint of {job.model}")
+        return Unavailable(
+            f"seed checkpoint for {job.model} failed: {failed.error_line} (logs: {logs})",
+            f"seed checkpoint of {job.model}",
+        )
 
     def retry(self, run, cell, attempt) -> Unavailable | None:
         """The job that failed a cell (its seed checkpoint, else its baseline) made again, as ``attempt``: None once
@@ -230,8 +248,10 @@ class Book:
                 done = CellResult.from_record(self.kept.about(kept)["record"])
                 # the axes it stands for in this run (the run that kept it may have had no `versions` axis)
                 done.id, done.axes, done.log_dir, done.reused_from = cell.id, dict(base_axes), str(kept), str(kept)
-                done.details = ["numerics baseline", f"kept from an earlier run ({kept}; --simplefsdp-fresh runs it "
-                                                     f"again)"]
+                done.details = [
+                    "numerics baseline",
+                    f"kept from an earlier run ({kept}; --simplefsdp-fresh runs it again)",
+                ]
             else:
                 done = self.runner.run(run, cell, seed=seed)
                 done.details.append("numerics baseline")
@@ -240,8 +260,10 @@ class Book:
             self.store.record(run, done, kind=RecordType.BASELINE)
         if done.failure_class is None:
             return done
-        return Unavailable(f"baseline {done.id} failed: [{done.failure_class}] {done.error_line} (logs: {done.log_dir})",
-                           f"baseline {done.id}")
+        return Unavailable(
+            f"baseline {done.id} failed: [{done.failure_class}] {done.error_line} (logs: {done.log_dir})",
+            f"baseline {done.id}",
+        )
 
     def _keep_baseline(self, run, cell, done, digest):
         """A copy of what a comparison reads (the record and the per-parameter probe records); the run keeps
@@ -275,8 +297,7 @@ class Book:
             return
         ok, rep = compare(result.losses, base.losses, lane)
         rep["baseline"] = base.id
-        held = noise and first_id(cell.id) in noise.layouts and noise_applies(noise, result.versions,
-                                                                                  result.machine)
+        held = noise and first_id(cell.id) in noise.layouts and noise_applies(noise, result.versions, result.machine)
         if held:  # the layout's noise was measured, but not where it ran: its lane judged it, and it says why
             rep["noise"] = f"not applied: {held}"
         result.numerics = rep
@@ -295,7 +316,9 @@ class Book:
         if not ok:
             rep.setdefault("check", "loss")
             result.fail(FailureClass.NUMERICS, line)
-            result.plot = plot(Path(result.log_dir) / "curves_vs_baseline.png",
-                               {"loss": result.losses, "grad_norm": result.grad_norms},
-                               {"loss": base.losses, "grad_norm": base.grad_norms}, f"{cell.id} vs {base.id}")
-
+            result.plot = plot(
+                Path(result.log_dir) / "curves_vs_baseline.png",
+                {"loss": result.losses, "grad_norm": result.grad_norms},
+                {"loss": base.losses, "grad_norm": base.grad_norms},
+                f"{cell.id} vs {base.id}",
+            )

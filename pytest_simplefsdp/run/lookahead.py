@@ -32,8 +32,10 @@ def summary(state, selected, progress, tr, verbose=False):
         for run, job in seeds.values():
             spec = state.runner.seed_spec(run, job.model, job.command, job.folder, port=29500)
             kept = state.book.kept.kept(job.name, job.key)
-            tr.write_line(f"{run.name}: {job.name}  [1 rank] -> {job.folder / 'checkpoint' / 'step-0'}"
-                          + ("  (kept from an earlier run: not run again)" if kept else ""))
+            tr.write_line(
+                f"{run.name}: {job.name}  [1 rank] -> {job.folder / 'checkpoint' / 'step-0'}"
+                + ("  (kept from an earlier run: not run again)" if kept else "")
+            )
             if verbose:
                 tr.write_line(f"  {state.runner.launcher_for(run).reproducer(spec)}")
     if baselines:
@@ -41,24 +43,35 @@ def summary(state, selected, progress, tr, verbose=False):
         for run, base, users in baselines.values():
             job = state.book.seed_job(run, base)
             kept = state.book.kept.kept(base.id, state.book.baseline_key(run, base, job.folder if job else None))
-            _job(state, tr, run, base, verbose, f"baseline of {plural(len(users), 'cell')}: {', '.join(users[:4])}"
-                                         f"{' ...' if len(users) > 4 else ''}"
-                                         + ("  (kept from an earlier run: not run again)" if kept else ""))
+            _job(
+                state,
+                tr,
+                run,
+                base,
+                verbose,
+                f"baseline of {plural(len(users), 'cell')}: {', '.join(users[:4])}"
+                f"{' ...' if len(users) > 4 else ''}" + ("  (kept from an earlier run: not run again)" if kept else ""),
+            )
     tr.section("simplefsdp dry run: " + ("commands" if verbose else "cells"))
     for run, cell in selected:
         _job(state, tr, run, cell, verbose)
     if not verbose and selected:
         run, cell = selected[0]
-        tr.write_line(f"the command of {cell.id}, as each job's is made (every rank's, with what its evidence checks, "
-                      f"under -v):")
+        tr.write_line(
+            f"the command of {cell.id}, as each job's is made (every rank's, with what its evidence checks, under -v):"
+        )
         _command(state, tr, run, cell)
     for run in state.runs:
         why = state.not_here.get(run.name)
-        tr.write_line(f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a"
-                      + (f"; not on this machine: {why}" if why else ""))
+        tr.write_line(
+            f"{run.name}: {len(run.cells)} valid cells, {len(run.dropped)} n/a"
+            + (f"; not on this machine: {why}" if why else "")
+        )
     if seeds:
-        tr.write_line("seed checkpoints not kept yet, and the targets' assets the commands name, are made on the "
-                      "first real run (a dry run launches and writes nothing)")
+        tr.write_line(
+            "seed checkpoints not kept yet, and the targets' assets the commands name, are made on the "
+            "first real run (a dry run launches and writes nothing)"
+        )
 
 
 def _plan(state, selected, progress, tr):
@@ -77,23 +90,32 @@ def _plan(state, selected, progress, tr):
         rows = plan(cells, len(cells), budget, gpus if device == Device.CUDA else None)
         for key, world, start, end, devs in rows:
             where = f"GPUs {','.join(devs)}" if devs else f"{world} ranks"
-            when = "cannot run: more GPUs than planned for" if start is None else \
-                f"{duration(start):>8} -> {duration(end):>8}"
+            when = (
+                "cannot run: more GPUs than planned for"
+                if start is None
+                else f"{duration(start):>8} -> {duration(end):>8}"
+            )
             tr.write_line(f"{when}  {where:<16} {key}")
         serial = sum(s for _, _, s in cells)
         ends = [end for *_, end, _ in rows if end is not None]
-        tr.write_line(f"expected: {duration(max(ends, default=0))} packed (--simplefsdp-jobs=auto), "
-                      f"{duration(serial)} one cell at a time (--simplefsdp-jobs=1)")
+        tr.write_line(
+            f"expected: {duration(max(ends, default=0))} packed (--simplefsdp-jobs=auto), "
+            f"{duration(serial)} one cell at a time (--simplefsdp-jobs=1)"
+        )
     stored = sum(1 for k in progress.expected if k in progress.stored)
-    tr.write_line(f"times: {stored} of {len(progress.expected)} cells from stored runs"
-                  + (f" (newest: {progress.source})" if progress.source else "")
-                  + "; the others estimated per cell size (CPU: the measured median under its launcher; GPU: 60 s)")
+    tr.write_line(
+        f"times: {stored} of {len(progress.expected)} cells from stored runs"
+        + (f" (newest: {progress.source})" if progress.source else "")
+        + "; the others estimated per cell size (CPU: the measured median under its launcher; GPU: 60 s)"
+    )
 
 
 def _job(state, tr, run, cell, verbose, note=""):
     spec = state.runner.spec_for(run, cell, port=29500, seed=_seed(state, run, cell))
-    tr.write_line(f"{run.name}::{cell.id}  [{plural(cell.world, 'rank')}, timeout {spec.timeout:.0f} s]"
-                  + (f"  {note}" if note else ""))
+    tr.write_line(
+        f"{run.name}::{cell.id}  [{plural(cell.world, 'rank')}, timeout {spec.timeout:.0f} s]"
+        + (f"  {note}" if note else "")
+    )
     if verbose:
         _command(state, tr, run, cell)
 

@@ -80,8 +80,10 @@ class Progress:
         return left * pace / self.jobs
 
     def line(self):
-        return (f"{len(self.done)}/{len(self.expected)} cells, {duration(time.monotonic() - self.start)} elapsed, "
-                f"ETA {duration(self.eta())}")
+        return (
+            f"{len(self.done)}/{len(self.expected)} cells, {duration(time.monotonic() - self.start)} elapsed, "
+            f"ETA {duration(self.eta())}"
+        )
 
 
 def duration(seconds):

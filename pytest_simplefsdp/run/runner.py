@@ -31,8 +31,11 @@ def render_trace(trace_dir: Path, out: Path):
     if not exe or not any(trace_dir.iterdir()):
         return None
     try:
-        subprocess.run([exe, str(trace_dir), "--all-ranks-html", "-o", str(out), "--overwrite", "--no-browser"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [exe, str(trace_dir), "--all-ranks-html", "-o", str(out), "--overwrite", "--no-browser"],
+            capture_output=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     index = out / "index.html"
@@ -66,8 +69,9 @@ class CellRunner:
 
     def command(self, run, cell, dump_folder, port, seed=None, later=0):
         """The target's command for the cell, as it runs in the cell's version set's environment."""
-        command = run.target.command(cell, dump_folder=dump_folder, nproc=cell.world, port=port, seed_folder=seed,
-                                     run=later)
+        command = run.target.command(
+            cell, dump_folder=dump_folder, nproc=cell.world, port=port, seed_folder=seed, run=later
+        )
         return self.sets.apply(run, command, cell_set(cell.axes))
 
     def cell_dir(self, run, name):
@@ -85,9 +89,17 @@ class CellRunner:
             command.env["SIMPLEFSDP_MUTANT"] = cell.mutant
         # the trace tier: one process plays rank `trace.rank` of the cell's world
         nproc, first = (1, run.matrix.trace["rank"]) if run.matrix.tier == Tier.TRACE else (cell.world, 0)
-        return LaunchSpec(cell.id, command, nproc, log_dir, self.cell_timeout(run), port,
-                          self.settings.log_limit_bytes, first_rank=first,
-                          device=run.matrix.device if run.matrix.tier == Tier.REAL else "cpu")
+        return LaunchSpec(
+            cell.id,
+            command,
+            nproc,
+            log_dir,
+            self.cell_timeout(run),
+            port,
+            self.settings.log_limit_bytes,
+            first_rank=first,
+            device=run.matrix.device if run.matrix.tier == Tier.REAL else "cpu",
+        )
 
     def prepare(self, run):
         with self.lock:
@@ -145,8 +157,10 @@ class CellRunner:
         if wrong is None and result.status == Status.PASSED and not vset.installed:
             unproved = [p for p in dict(vset.pins) if p not in result.imported]
             if unproved:
-                wrong = (f"the ranks did not show that they ran version set {vset.label()}: none recorded importing "
-                         f"{', '.join(unproved)} (SIMPLEFSDP_PROVES, the start-up shim's record)")
+                wrong = (
+                    f"the ranks did not show that they ran version set {vset.label()}: none recorded importing "
+                    f"{', '.join(unproved)} (SIMPLEFSDP_PROVES, the start-up shim's record)"
+                )
         if wrong:
             if result.status != Status.PASSED:
                 result.details.append(f"its own outcome, not a verdict on {vset.label()}: {result.error_line}")
@@ -159,9 +173,14 @@ class CellRunner:
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         (spec.log_dir / "command.txt").write_text(launcher.reproducer(spec) + "\n")  # reruns the cell alone
         if run.matrix.device == "cpu" and spec.nproc > self.max_ranks and not launcher.remote:
-            outcome = LaunchOutcome(reproducer=launcher.reproducer(spec), launcher=launcher.name, launch_error=(
-                f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
-                f"(--simplefsdp-max-ranks; default one per GB of available memory)"))
+            outcome = LaunchOutcome(
+                reproducer=launcher.reproducer(spec),
+                launcher=launcher.name,
+                launch_error=(
+                    f"{cell.world} ranks do not fit this machine: at most {self.max_ranks} "
+                    f"(--simplefsdp-max-ranks; default one per GB of available memory)"
+                ),
+            )
         else:
             outcome = launcher.launch(spec)
         return build_result(cell, outcome, spec.log_dir, run.matrix.settings.get("steps"))
@@ -171,8 +190,16 @@ class CellRunner:
         cell_dir = self.cell_dir(run, cell.id)
         command = run.target.step_command(cell, step, dump_folder=cell_dir / "dump", seed_folder=seed)
         command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir / step))
-        return LaunchSpec(f"{cell.id}-{step}", command, 1, cell_dir / step, self.cell_timeout(run),
-                          port or free_port(), self.settings.log_limit_bytes, device=run.matrix.device)
+        return LaunchSpec(
+            f"{cell.id}-{step}",
+            command,
+            1,
+            cell_dir / step,
+            self.cell_timeout(run),
+            port or free_port(),
+            self.settings.log_limit_bytes,
+            device=run.matrix.device,
+        )
 
     def _before(self, run, cell, seed, launcher, devices):
         """The cell's steps before it, in order: (the result of the first that failed, else None; a line per step
@@ -207,18 +234,29 @@ class CellRunner:
                 result.fail(again.failure_class, f"{what}: {again.error_line}", again.failing_rank, again.error_text)
                 result.exit_codes, result.details = again.exit_codes, [*result.details, *again.details]
             elif not run.target.loaded_checkpoint(read_text(again.rank_logs.get(0, []))):
-                result.fail(FailureClass.INVALID_CONFIG, f"{what} did not load the checkpoint of run {later}: its "
-                                                         f"rank 0 log has no '{run.target.LOADED}'")
+                result.fail(
+                    FailureClass.INVALID_CONFIG,
+                    f"{what} did not load the checkpoint of run {later}: its rank 0 log has no '{run.target.LOADED}'",
+                )
             if result.status != Status.PASSED:
                 result.details.append(f"logs of {what}: {spec.log_dir}")
                 return
             steps = sorted(again.losses)
-            result.details.append(f"{what} loaded the checkpoint and trained steps {steps[0]}-{steps[-1]} "
-                                  f"(logs: {spec.log_dir})")
+            result.details.append(
+                f"{what} loaded the checkpoint and trained steps {steps[0]}-{steps[-1]} (logs: {spec.log_dir})"
+            )
 
     def seed_spec(self, run, model, command, folder, port=None) -> LaunchSpec:
-        return LaunchSpec(f"seed-{model}", command, 1, folder, self.cell_timeout(run), port or free_port(),
-                          self.settings.log_limit_bytes, device=run.matrix.device)
+        return LaunchSpec(
+            f"seed-{model}",
+            command,
+            1,
+            folder,
+            self.cell_timeout(run),
+            port or free_port(),
+            self.settings.log_limit_bytes,
+            device=run.matrix.device,
+        )
 
     def run_seed(self, run, model, command, folder, vset=None) -> CellResult | None:
         """One rank that writes the model's seed checkpoint (in the version set's environment); None when it did,

@@ -26,8 +26,10 @@ from ..versions.sets import available_versions, cell_set, index_versions, order,
 from ..words import release
 
 # an error at start-up that says the versions do not fit together (the cell never trained): untestable, not a finding
-API_MISMATCH = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|has no attribute|unexpected keyword "
-                          r"argument|Unrecognized (option|arguments)")
+API_MISMATCH = re.compile(
+    r"ImportError|ModuleNotFoundError|cannot import name|has no attribute|unexpected keyword "
+    r"argument|Unrecognized (option|arguments)"
+)
 DEFAULT_MINORS = 8  # the default list: the index's releases of the last 8 minor versions
 
 
@@ -86,22 +88,29 @@ class Bisector:
                 try:
                     found = [v for v in releases if Version(v) in SpecifierSet(spec)]
                 except InvalidSpecifier:
-                    raise BisectError(f"--simplefsdp-bisect-versions={spec}: not a list, range, folder, URL or "
-                                      f"GOOD..BAD") from None
+                    raise BisectError(
+                        f"--simplefsdp-bisect-versions={spec}: not a list, range, folder, URL or GOOD..BAD"
+                    ) from None
             else:
                 newest = Version(releases[-1])
-                found = [v for v in releases if Version(v).release[:1] == newest.release[:1]
-                         and Version(v).release[1] > newest.release[1] - DEFAULT_MINORS]
+                found = [
+                    v
+                    for v in releases
+                    if Version(v).release[:1] == newest.release[:1]
+                    and Version(v).release[1] > newest.release[1] - DEFAULT_MINORS
+                ]
         found = sorted(set(found) | {current}, key=order)
         return found
 
     def probe_for(self, run, cell, wanted):
         """probe(version) -> Probe: the cell on that version, --simplefsdp-confirm runs, each judged."""
+
         def probe(version):
             results = self.state.runs_on(run, cell, self.package, version, "bisect")
             runs = [(*outcome(r, wanted), r.wall) for r in results]
             outside = next((r.outside_range for r in results if r.outside_range), [])
             return dataclasses.replace(judge_runs(version, runs), outside="; ".join(outside))
+
         return probe
 
     def run(self, records, selected) -> list[Found]:
@@ -126,8 +135,13 @@ class Bisector:
                 found.append(item)
                 continue
             wanted = rec.get("signature") or signature(rec.get("error_text") or rec.get("error_line"))
-            known = {} if current not in versions else {current: judge_runs(current, [
-                (FAILS, wanted, rec.get("error_line") or "", rec.get("wall") or 0.0)])}
+            known = (
+                {}
+                if current not in versions
+                else {
+                    current: judge_runs(current, [(FAILS, wanted, rec.get("error_line") or "", rec.get("wall") or 0.0)])
+                }
+            )
             item.bisection = bisect(versions, self.probe_for(run, cell, wanted), known)
             item.issue = self.issue(item, wanted)
             found.append(item)
@@ -140,22 +154,43 @@ class Bisector:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{item.cell.id}-{item.package}.md"
         window = window_words(item, self.settings.torchtitan_repo)
-        lines = [f"# {rec.get('error_line') or wanted} ({item.package} {window})", "",
-                 f"**Cell:** `{item.run.matrix.profile}::{item.cell.id}` ({item.run.target.name}, {item.cell.world} ranks)",
-                 f"**Signature:** `{wanted}`", f"**Window ({item.package}):** {window}", "",
-                 "| version | outcome | runs | signature or line | wall |", "|---|---|---|---|---|"]
+        lines = [
+            f"# {rec.get('error_line') or wanted} ({item.package} {window})",
+            "",
+            f"**Cell:** `{item.run.matrix.profile}::{item.cell.id}` ({item.run.target.name}, {item.cell.world} ranks)",
+            f"**Signature:** `{wanted}`",
+            f"**Window ({item.package}):** {window}",
+            "",
+            "| version | outcome | runs | signature or line | wall |",
+            "|---|---|---|---|---|",
+        ]
         lines += [f"| {' | '.join(str(x).replace('|', '/') for x in row)} |" for row in table(b)]
         # the failing side of the window (a regression fails on its second version, a fix on its first)
         first = next((p for p in b.probes if b.window and p.version in b.window and p.outcome == FAILS), None)
         log = main_log(rec)
         tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
         # the failing side, portable: the plugin builds that version set's environment itself (uv), on any machine
-        rerun = rerun_command(item.run.name, item.cell.id, item.cell.axes, item.run.matrix.tier,
-                              failing_set(item, first).label())
-        lines += ["", "## Reproducer", "", "In an environment with torchtitan and the plugin "
-                  f"(`pip install pytest-simplefsdp`; the failing side ran {', '.join(self.pins(item, first))}):", "",
-                  "```sh", rerun, "```", "",
-                  "## The failing rank's log (last lines)", "", "```", *tail, "```", ""]
+        rerun = rerun_command(
+            item.run.name, item.cell.id, item.cell.axes, item.run.matrix.tier, failing_set(item, first).label()
+        )
+        lines += [
+            "",
+            "## Reproducer",
+            "",
+            "In an environment with torchtitan and the plugin "
+            f"(`pip install pytest-simplefsdp`; the failing side ran {', '.join(self.pins(item, first))}):",
+            "",
+            "```sh",
+            rerun,
+            "```",
+            "",
+            "## The failing rank's log (last lines)",
+            "",
+            "```",
+            *tail,
+            "```",
+            "",
+        ]
         path.write_text("\n".join(lines))
         return path
 
@@ -163,8 +198,10 @@ class Bisector:
         """torch and torchtitan as the failing probe ran them: the set's pins, the installed versions for the rest."""
         vset = failing_set(item, probe)
         ran = vset.versions(installed_releases())
-        return [f"{p}@{ran[p]}" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
-                for p in ("torch", "torchtitan")]
+        return [
+            f"{p}@{ran[p]}" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
+            for p in ("torch", "torchtitan")
+        ]
 
 
 def failing_set(item, probe):
@@ -212,8 +249,13 @@ def bisect_record(found: Found, repo=None) -> dict:
     cell = f"{found.run.matrix.profile}::{found.cell.id}"
     if found.error:
         return {"cell": cell, "package": found.package, "error": found.error}
-    return {"cell": cell, "package": found.package, "issue": str(found.issue), "found": window_words(found, repo),
-            **found.bisection.record()}
+    return {
+        "cell": cell,
+        "package": found.package,
+        "issue": str(found.issue),
+        "found": window_words(found, repo),
+        **found.bisection.record(),
+    }
 
 
 def window_of(found: Found) -> dict:
@@ -233,11 +275,27 @@ def window_of(found: Found) -> dict:
 def commits(repo, spec) -> list[str]:
     """GOOD..BAD of a git checkout, oldest first, GOOD included (first-parent history: the merges the branch saw)."""
     if not repo:
-        raise BisectError("--simplefsdp-bisect=torchtitan over commits needs a torchtitan checkout: run in it, or "
-                          "name it with --simplefsdp-torchtitan-repo=PATH")
+        raise BisectError(
+            "--simplefsdp-bisect=torchtitan over commits needs a torchtitan checkout: run in it, or "
+            "name it with --simplefsdp-torchtitan-repo=PATH"
+        )
     if ".." not in spec:
         raise BisectError(f"--simplefsdp-bisect-versions={spec!r}: name the commits as GOOD..BAD")
     good, _, bad = spec.partition("..")
-    listed = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "--first-parent", "--abbrev-commit",
-                             "--abbrev=12", f"{good}..{bad}"], check=True, capture_output=True, text=True).stdout.split()
+    listed = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "rev-list",
+            "--reverse",
+            "--first-parent",
+            "--abbrev-commit",
+            "--abbrev=12",
+            f"{good}..{bad}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     return [short_sha(repo, good), *listed]

@@ -15,17 +15,17 @@ import pytest
 
 from ..kinds import Device
 from ..machine import cuda_device_ids
-from ..run.progress import Progress, duration, estimate, stored_walls
 from ..options import settings
+from ..run.progress import Progress, duration, estimate, stored_walls
 from ..run.schedule import Packer
 from ..spec.cells import named_by
 from ..spec.paths import select
 from ..words import plural
 from ..yamlio import MatrixError
 from .bisecting import Bisector
-from .sentinel import Sentinel
 from .items import CellItem, MatrixCollector
 from .reporting import Reporter
+from .sentinel import Sentinel
 from .setup import check_plugins
 from .state import MatrixSession
 
@@ -38,14 +38,20 @@ class Controller:
         self.settings, self.runs, self.worker = state.settings, state.runs, state.worker
         self.header += state.version_lines
         if state.base is not None:
-            self.header.append(f"simplefsdp: PR gate: each failure runs again on base {state.base.name()} of "
-                               f"{state.base.repo}; only new failures fail the run")
+            self.header.append(
+                f"simplefsdp: PR gate: each failure runs again on base {state.base.name()} of "
+                f"{state.base.repo}; only new failures fail the run"
+            )
         entries = state.known.entries if state.known else []
-        for what, ids in (("are for profiles not loaded here (not checked)", [e.id for e in entries if e.foreign]),
-                          ("have no link yet (TODO: name the upstream issue)", [e.id for e in entries if e.todo])):
+        for what, ids in (
+            ("are for profiles not loaded here (not checked)", [e.id for e in entries if e.foreign]),
+            ("have no link yet (TODO: name the upstream issue)", [e.id for e in entries if e.todo]),
+        ):
             if ids:
-                self.header.append(f"simplefsdp: {len(ids)} known-failure entries {what}: {', '.join(ids[:6])}"
-                                   f"{' ...' if len(ids) > 6 else ''}")
+                self.header.append(
+                    f"simplefsdp: {len(ids)} known-failure entries {what}: {', '.join(ids[:6])}"
+                    f"{' ...' if len(ids) > 6 else ''}"
+                )
         # -v asked for: the report lists every cell's numerics and evidence (a green run says them in two lines)
         self.verbose = config.option.verbose > 0
         if config.option.verbose == 0:  # a line per cell (its outcome, time, ETA): a cell takes minutes
@@ -84,18 +90,26 @@ class Controller:
         except MatrixError as e:
             raise pytest.UsageError(f"--simplefsdp-changed: {e}") from None
         if rules is None:
-            raise pytest.UsageError(f"--simplefsdp-changed: target {run.target.name!r} of {run.name} has no map of "
-                                    f"torchtitan paths (matrix/paths/<target>.yaml)")
+            raise pytest.UsageError(
+                f"--simplefsdp-changed: target {run.target.name!r} of {run.name} has no map of "
+                f"torchtitan paths (matrix/paths/<target>.yaml)"
+            )
         selection = select(rules, changed.files)
         keep = [i for i in cells if selection.reaches(i.cell.axes)]
         left = [i for i in cells if i not in keep]
         config.hook.pytest_deselected(items=left)
         why = selection.why()
-        self.session.selections[run.name] = {**changed.about(), "files": why, "selected": len(keep),
-                                             "left_out": [i.cell.id for i in left]}
-        self.change_lines.append(f"simplefsdp: --simplefsdp-changed: {plural(len(why), 'file')} changed since "
-                                 f"{changed.ref} ({changed.commit}) reach {len(keep)} of {len(cells)} cells of "
-                                 f"{run.name}; {len(left)} left out")
+        self.session.selections[run.name] = {
+            **changed.about(),
+            "files": why,
+            "selected": len(keep),
+            "left_out": [i.cell.id for i in left],
+        }
+        self.change_lines.append(
+            f"simplefsdp: --simplefsdp-changed: {plural(len(why), 'file')} changed since "
+            f"{changed.ref} ({changed.commit}) reach {len(keep)} of {len(cells)} cells of "
+            f"{run.name}; {len(left)} left out"
+        )
         self.change_lines += [f"    {path}: {what}" for path, what in list(why.items())[:12]]
         if len(why) > 12:
             self.change_lines.append(f"    ... and {len(why) - 12} more (the JSON's meta.changed lists them all)")
@@ -106,11 +120,14 @@ class Controller:
 
     def pytest_report_header(self, config):
         state = self.session
-        return [f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
-                f"cells={len(run.cells)} n/a={len(run.dropped)} flags={run.target.spelling} "
-                f"launcher={launcher_label(state, run)}" + (" DRY RUN" if self.settings.dry_run else "")
-                + (f" SKIPPED: {state.unavailable[run.name]}" if run.name in state.unavailable else "")
-                for run in self.runs] + self.header
+        return [
+            f"simplefsdp: {run.name} profile={run.matrix.profile} target={run.target.name} "
+            f"cells={len(run.cells)} n/a={len(run.dropped)} flags={run.target.spelling} "
+            f"launcher={launcher_label(state, run)}"
+            + (" DRY RUN" if self.settings.dry_run else "")
+            + (f" SKIPPED: {state.unavailable[run.name]}" if run.name in state.unavailable else "")
+            for run in self.runs
+        ] + self.header
 
     def pytest_collection_finish(self, session):
         cells = [item for item in session.items if isinstance(item, CellItem)]
@@ -129,8 +146,9 @@ class Controller:
         state.packer = Packer(jobs, budget, devices)
         for item in cells:
             if not state.skip_entry(item.run, item.cell) and item.run.name not in state.unavailable:
-                state.packer.add(item.nodeid, item.cell.world,
-                                 lambda devs, item=item: state.run_and_check(item.run, item.cell, devs))
+                state.packer.add(
+                    item.nodeid, item.cell.world, lambda devs, item=item: state.run_and_check(item.run, item.cell, devs)
+                )
 
     def _progress(self, cells, jobs):
         """Each selected cell's expected time: from the newest stored runs of its profile run by the launcher that
@@ -162,15 +180,24 @@ class Controller:
     def pytest_runtest_logstart(self, nodeid, location):
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         cell = self.keys.get(nodeid)
-        if tr is not None and cell is not None and self.progress is not None and not self.settings.dry_run \
-                and self.worker is None and tr.verbosity > 0:
+        if (
+            tr is not None
+            and cell is not None
+            and self.progress is not None
+            and not self.settings.dry_run
+            and self.worker is None
+            and tr.verbosity > 0
+        ):
             self.ticker = Ticker(tr, nodeid, self.progress.expected.get(cell), lambda: self.session.phase_of(cell))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report):
         """Records arrive with the test reports, from this process or from an xdist worker alike."""
-        if self.ticker is not None and self.ticker.nodeid == report.nodeid and (
-                report.when != "setup" or not report.passed):  # (the cell runs in the call phase, after setup's report)
+        if (
+            self.ticker is not None
+            and self.ticker.nodeid == report.nodeid
+            and (report.when != "setup" or not report.passed)
+        ):  # (the cell runs in the call phase, after setup's report)
             self.ticker.stop()
             self.ticker = None
         if self.worker is None:
@@ -208,18 +235,30 @@ class Controller:
         for rec in state.store.take_pending():  # made before an interrupt, never reported: still stored
             if self.worker is None:
                 state.store.collect(rec)
-        if self.settings.bisect and not self.settings.dry_run and self.worker is None \
-                and not self.config.option.collectonly:
+        if (
+            self.settings.bisect
+            and not self.settings.dry_run
+            and self.worker is None
+            and not self.config.option.collectonly
+        ):
             self.reporter.bisections = Bisector(state).run(state.store.records, self.reporter.selected)
-        if self.settings.sentinel and not self.settings.dry_run and self.worker is None \
-                and not self.config.option.collectonly:
+        if (
+            self.settings.sentinel
+            and not self.settings.dry_run
+            and self.worker is None
+            and not self.config.option.collectonly
+        ):
             sentinel = Sentinel(state, self.settings.sentinel)
             self.reporter.bisections = sentinel.run(state.store.records, self.reporter.selected)
-            self.reporter.sentinel_lines = sentinel.write(state.store.records, self.reporter.selected,
-                                                          self.reporter.bisections)
+            self.reporter.sentinel_lines = sentinel.write(
+                state.store.records, self.reporter.selected, self.reporter.bisections
+            )
         self.reporter.incidents, self.reporter.leftover_lines = state.close()
-        if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and state.selections \
-                and not any(sel["selected"] for sel in state.selections.values()):
+        if (
+            session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
+            and state.selections
+            and not any(sel["selected"] for sel in state.selections.values())
+        ):
             session.exitstatus = pytest.ExitCode.OK  # a change no cell can reach (docs, tests): nothing to gate
         if self.reporter.leftover_lines:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -238,8 +277,7 @@ def launcher_label(state, run):
     """The launcher that will run the matrix's cells, and why where it is not the one asked for."""
     chosen = state.runner.launcher_for(run).name
     actual = state.runner.launcher_name(run, run.cells[0]) if run.cells else chosen
-    why = (f"{state.launcher.name}'s choice for {run.matrix.device} cells" if chosen != state.launcher.name
-           else "")
+    why = f"{state.launcher.name}'s choice for {run.matrix.device} cells" if chosen != state.launcher.name else ""
     if actual != chosen:
         why = f"{chosen} runs this target's program under {actual}" + (f"; {why}" if why else "")
     return f"{actual} ({why})" if why else actual
@@ -261,8 +299,9 @@ class Ticker:
 
     def text(self):
         now = time.monotonic()
-        text = f"running {duration(now - self.start)}" + (f" of ~{duration(self.expected)} expected" if self.expected
-                                                           else "")
+        text = f"running {duration(now - self.start)}" + (
+            f" of ~{duration(self.expected)} expected" if self.expected else ""
+        )
         phase = self.phase()  # what it waits for besides itself: its seed checkpoint, its baseline, a rerun
         return text + (f": {phase[0]} for {duration(now - phase[1])}" if phase else "")
 

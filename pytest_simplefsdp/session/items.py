@@ -120,8 +120,11 @@ class CellItem(pytest.Item):
             r = excinfo.value.result
             return f"{r.id}: {r.verdict}\n  logs: {r.log_dir}\n  rerun: {r.reproducer}"
         if isinstance(excinfo.value, CellFailed):
-            return failure_text(excinfo.value.result, rerun_command(self.run.name, self.cell.id, self.cell.axes,
-                                                                    self.run.matrix.tier), self.config.rootpath)
+            return failure_text(
+                excinfo.value.result,
+                rerun_command(self.run.name, self.cell.id, self.cell.axes, self.run.matrix.tier),
+                self.config.rootpath,
+            )
         # a bug of ours (the cell's record says so): its traceback without pytest's and pluggy's frames
         own = excinfo.traceback.filter(lambda e: not any(p in str(e.path) for p in ("/_pytest/", "/pluggy/")))
         if own:

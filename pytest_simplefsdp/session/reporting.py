@@ -24,13 +24,13 @@ from ..report.tables import broken, render_text
 from ..report.twin import rows as twin_rows
 from ..report.twin import summary as twin_summary
 from ..report.twin import twins
-from ..versions.bisect import table as bisect_table
-from ..versions.sets import INSTALLED
-from .bisecting import bisect_record, window_of, window_words
 from ..run import lookahead
 from ..store.runs import WALLTIME_PLOT
-from ..yamlio import MatrixError
+from ..versions.bisect import table as bisect_table
+from ..versions.sets import INSTALLED
 from ..words import release
+from ..yamlio import MatrixError
+from .bisecting import bisect_record, window_of, window_words
 
 
 class Reporter:
@@ -78,9 +78,11 @@ class Reporter:
             tr.write_line(f"results: {shown(state.store.path, self.root)}")
         for run_doc in doc["runs"]:
             for seed in run_doc.get("seeds", []):
-                tr.write_line(f"seed checkpoint {seed['model']}: "
-                              + ("kept from an earlier run" if seed["kept_from_earlier_run"] else "made and kept")
-                              + f" ({shown(seed['folder'], self.root)}; --simplefsdp-fresh makes it again)")
+                tr.write_line(
+                    f"seed checkpoint {seed['model']}: "
+                    + ("kept from an earlier run" if seed["kept_from_earlier_run"] else "made and kept")
+                    + f" ({shown(seed['folder'], self.root)}; --simplefsdp-fresh makes it again)"
+                )
         self.write_files(tr, doc)
         if s.coverage:
             self.coverage(tr)
@@ -91,9 +93,15 @@ class Reporter:
         state, twin = self.state, self.settings.twin
         installed = f"installed ({', '.join(f'{k} {v}' for k, v in versions().items() if k != 'python')})"
         found = [bisect_record(f, self.settings.torchtitan_repo) for f in self.bisections]
-        doc = document.complete(state.store.document(), seeds=state.book.seed_records, incidents=self.incidents,
-                                compared=state.compared, twin=twin, installed=installed if twin else "",
-                                bisections=found or None)
+        doc = document.complete(
+            state.store.document(),
+            seeds=state.book.seed_records,
+            incidents=self.incidents,
+            compared=state.compared,
+            twin=twin,
+            installed=installed if twin else "",
+            bisections=found or None,
+        )
         if state.store.records and (self.settings.html or self.settings.status_md):
             doc["walltime_plot"] = walltime_plot(state.run_dir.resolve() / WALLTIME_PLOT, doc)
         return doc
@@ -104,13 +112,19 @@ class Reporter:
         pr = doc.get("gate")
         if pr is None:
             return
-        tr.section(f"simplefsdp {gate.headline(pr)}", red=bool(pr["counts"][str(GateClass.NEW)]),
-                   green=not pr["counts"][str(GateClass.NEW)])
+        tr.section(
+            f"simplefsdp {gate.headline(pr)}",
+            red=bool(pr["counts"][str(GateClass.NEW)]),
+            green=not pr["counts"][str(GateClass.NEW)],
+        )
         if pr["failures"]:
-            tr.write_line(tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"),
-                                   tablefmt="simple"))
-        tr.write_line("only new failures fail the gate; " + "; ".join(f"{c}: {m}" for c, m in gate.MEANING.items()
-                                                                       if c != GateClass.NEW))
+            tr.write_line(
+                tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"), tablefmt="simple")
+            )
+        tr.write_line(
+            "only new failures fail the gate; "
+            + "; ".join(f"{c}: {m}" for c, m in gate.MEANING.items() if c != GateClass.NEW)
+        )
         for line in gate.numerics_lines(pr):
             tr.write_line(line)
 
@@ -123,8 +137,9 @@ class Reporter:
             tr.section(f"simplefsdp twin: {block['profile']}, {twin_summary(pairs, first, second)}")
             rows = twin_rows(pairs, first, second)
             if rows:
-                tr.write_line(tabulate(rows, headers=("cell", "installed", second, "numerics", "what differs"),
-                                       tablefmt="simple"))
+                tr.write_line(
+                    tabulate(rows, headers=("cell", "installed", second, "numerics", "what differs"), tablefmt="simple")
+                )
             walls = [(p["cell"], *p["walls"]) for p in block["pairs"]]
             tr.write_line("walls (s): " + ", ".join(f"{c} {a:.0f}/{b:.0f}" for c, a, b in walls if a and b))
 
@@ -136,16 +151,24 @@ class Reporter:
                 tr.write_line(found.error)
                 continue
             b = found.bisection
-            tr.section(f"simplefsdp bisect {found.package}: {cell}: "
-                       f"{window_words(found, self.settings.torchtitan_repo)}")
-            tr.write_line(tabulate(bisect_table(b), headers=("version", "outcome", "runs", "signature or line",
-                                                              "wall"), tablefmt="simple"))
+            tr.section(
+                f"simplefsdp bisect {found.package}: {cell}: {window_words(found, self.settings.torchtitan_repo)}"
+            )
+            tr.write_line(
+                tabulate(
+                    bisect_table(b),
+                    headers=("version", "outcome", "runs", "signature or line", "wall"),
+                    tablefmt="simple",
+                )
+            )
             tr.write_line(f"{len(b.probes)} versions probed of {len(b.versions)}; issue body: {found.issue}")
 
     def write_files(self, tr, doc):
         s = self.settings
-        for path, text, what in ((s.status_md, lambda: render_md(doc, s.status_md.parent), "status markdown"),
-                                 (s.json, lambda: json.dumps(doc, indent=1) + "\n", "json report")):
+        for path, text, what in (
+            (s.status_md, lambda: render_md(doc, s.status_md.parent), "status markdown"),
+            (s.json, lambda: json.dumps(doc, indent=1) + "\n", "json report"),
+        ):
             if path:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text())
@@ -179,8 +202,11 @@ class Reporter:
         twin = self.settings.twin
         if twin:
             for run in self.state.runs:
-                doc = {"cells": [r for r in self.state.store.records if r["matrix"] == run.name
-                                 and r["type"] == RecordType.CELL]}
+                doc = {
+                    "cells": [
+                        r for r in self.state.store.records if r["matrix"] == run.name and r["type"] == RecordType.CELL
+                    ]
+                }
                 for t in twins(doc, INSTALLED, twin):
                     if broken(t.a) is False and broken(t.b):  # passes on the installed versions, fails on the twin
                         # a window names releases
@@ -197,14 +223,20 @@ class Reporter:
         that judged the run is updated; the shipped one never is (it lies in the installed package): the update goes
         to the rootdir's known_failures.yaml, made from the shipped file's text."""
         state = self.state
-        path = state.known.path if state.known else (self.settings.known_failures
-                                                     or state.config.rootpath / "known_failures.yaml")
+        path = (
+            state.known.path
+            if state.known
+            else (self.settings.known_failures or state.config.rootpath / "known_failures.yaml")
+        )
         if Path(path).resolve() == KNOWN_FAILURES.resolve() and KNOWN_FAILURES.resolve().is_relative_to(PACKAGE):
             path = state.config.rootpath / "known_failures.yaml"
             path.write_text(KNOWN_FAILURES.read_text())
         runs = {run.name: run for run in state.runs}
-        cells = [(runs[r["matrix"]], CellResult.from_record(r)) for r in state.store.records
-                 if r["type"] == RecordType.CELL and not r.get("mutant")]
+        cells = [
+            (runs[r["matrix"]], CellResult.from_record(r))
+            for r in state.store.records
+            if r["type"] == RecordType.CELL and not r.get("mutant")
+        ]
         # (a cell that never ran, or that its baseline or seed checkpoint failed, has no failure of its own to record)
         new = []  # one draft per signature and profile, with the values no passing cell of the profile has
         for run in runs.values():
@@ -219,9 +251,14 @@ class Reporter:
         xfails = {e.id for e in (state.known.entries if state.known else []) if e.kind == KnownKind.XFAIL}
         passing = {eid for eid, passed in outcomes.items() if all(passed) and eid in xfails}
         try:
-            self.update_lines = update_file(path, new, passing, datetime.date.today().isoformat(),
-                                            check=lambda written: load_known_failures(written, None),
-                                            windows=self.windows())
+            self.update_lines = update_file(
+                path,
+                new,
+                passing,
+                datetime.date.today().isoformat(),
+                check=lambda written: load_known_failures(written, None),
+                windows=self.windows(),
+            )
         except (MatrixError, ValueError) as e:  # the old file stays as it was
             self.update_lines = [f"not updated: the new text would not load: {e}"]
         self.update_path = path

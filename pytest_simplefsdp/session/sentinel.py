@@ -63,8 +63,11 @@ class Sentinel:
 
     def window(self, green: dict, now: dict) -> tuple[str, str] | None:
         """(package, versions to bisect over) between the versions a cell last passed on and tonight's."""
-        if green.get("torchtitan_commit") and now.get("torchtitan_commit") \
-                and green["torchtitan_commit"] != now["torchtitan_commit"]:
+        if (
+            green.get("torchtitan_commit")
+            and now.get("torchtitan_commit")
+            and green["torchtitan_commit"] != now["torchtitan_commit"]
+        ):
             return "torchtitan", f"{green['torchtitan_commit']}..{now['torchtitan_commit']}"
         for package in ("torch", "torchtitan"):
             if green.get(package) and now.get(package) and green[package] != now[package]:
@@ -75,7 +78,7 @@ class Sentinel:
         """Bisect the cells that turned red (grouped by the window they share); their Found records."""
         self.red = self.turned_red(records, selected)
         groups = {}
-        for run, cell, rec, green in self.red:
+        for run, cell, _rec, green in self.red:
             groups.setdefault(self.window(green, self.current(run, cell)), []).append((run, cell))
         found = []
         for window, pairs in groups.items():
@@ -104,29 +107,48 @@ class Sentinel:
             path.write_text(issue_body(run, draft, found_one, self.state.settings.torchtitan_repo))
             if found_one is not None and window_of(found_one):
                 windows[draft.id] = window_of(found_one)
-            where = window_words(found_one, self.state.settings.torchtitan_repo) if found_one else \
-                "no window: it last passed on the same versions"
-            lines.append(f"bug {n}: {len(draft.results)} cell(s), {draft.results[0].signature}: {where}; "
-                         f"issue body {path}")
+            where = (
+                window_words(found_one, self.state.settings.torchtitan_repo)
+                if found_one
+                else "no window: it last passed on the same versions"
+            )
+            lines.append(
+                f"bug {n}: {len(draft.results)} cell(s), {draft.results[0].signature}: {where}; issue body {path}"
+            )
         draft_file = self.out / "known_failures.draft.yaml"
         if bugs:
-            draft_file.write_text("# drafts from the nightly sentinel: review, fill in the links, move into "
-                                  "known_failures.yaml\n")
+            draft_file.write_text(
+                "# drafts from the nightly sentinel: review, fill in the links, move into known_failures.yaml\n"
+            )
             try:
-                update_file(draft_file, [d for _, d in bugs], [], datetime.date.today().isoformat(),
-                            check=lambda written: load_known_failures(written, None), windows=windows)
+                update_file(
+                    draft_file,
+                    [d for _, d in bugs],
+                    [],
+                    datetime.date.today().isoformat(),
+                    check=lambda written: load_known_failures(written, None),
+                    windows=windows,
+                )
             except (MatrixError, ValueError) as e:
                 lines.append(f"known-failures drafts not written: {e}")
         self.save(records, runs)
-        head = (f"{len(self.red)} cell(s) turned red since the last nightly ({self.last.get('at')}), "
-                f"{len(bugs)} bug(s)" if self.last else "the first nightly here: its outcomes are the state to "
-                                                       "compare the next one with")
+        head = (
+            f"{len(self.red)} cell(s) turned red since the last nightly ({self.last.get('at')}), {len(bugs)} bug(s)"
+            if self.last
+            else "the first nightly here: its outcomes are the state to compare the next one with"
+        )
         return [head, *lines, f"written: {self.out}"]
 
     @staticmethod
     def passing_axes(records, run) -> list:
-        return [r["axes"] for r in records if r["type"] == RecordType.CELL and r["matrix"] == run.name
-                and not r.get("mutant") and r["status"] == Status.PASSED]
+        return [
+            r["axes"]
+            for r in records
+            if r["type"] == RecordType.CELL
+            and r["matrix"] == run.name
+            and not r.get("mutant")
+            and r["status"] == Status.PASSED
+        ]
 
     def save(self, records, runs):
         """The state the next nightly compares with: each cell's outcome, and the versions it last passed on."""
@@ -154,10 +176,33 @@ def issue_body(run, draft, found, repo) -> str:
     """One bug's issue body: its cells, its signature, and (where bisected) the bisection's own body: window,
     probes, portable reproducer and the failing rank's log."""
     cells = "\n".join(f"- `{run.matrix.profile}::{r.id}`: {r.error_line}" for r in draft.results)
-    head = [f"# {draft.results[0].error_line} (nightly: {len(draft.results)} cell(s) turned red)", "",
-            f"**Signature:** `{draft.results[0].signature}`", "", "## Cells", "", cells, ""]
+    head = [
+        f"# {draft.results[0].error_line} (nightly: {len(draft.results)} cell(s) turned red)",
+        "",
+        f"**Signature:** `{draft.results[0].signature}`",
+        "",
+        "## Cells",
+        "",
+        cells,
+        "",
+    ]
     if found is None or found.issue is None:
-        return "\n".join(head + ["No window: the cells last passed on the same versions, or could not be bisected"
-                                 + (f" ({found.error})" if found is not None and found.error else "") + ".", ""])
-    return "\n".join(head + [f"**Window:** {window_words(found, repo)}", "", "## Bisection of "
-                             f"`{found.cell.id}`", "", Path(found.issue).read_text()])
+        return "\n".join(
+            head
+            + [
+                "No window: the cells last passed on the same versions, or could not be bisected"
+                + (f" ({found.error})" if found is not None and found.error else "")
+                + ".",
+                "",
+            ]
+        )
+    return "\n".join(
+        head
+        + [
+            f"**Window:** {window_words(found, repo)}",
+            "",
+            f"## Bisection of `{found.cell.id}`",
+            "",
+            Path(found.issue).read_text(),
+        ]
+    )

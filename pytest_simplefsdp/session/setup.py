@@ -24,9 +24,9 @@ from ..spec.cells import named_by
 from ..spec.matrix import SourceUnavailable
 from ..spec.profiles import MatrixRun, matrix_files, shipped, shipped_path
 from ..spec.upstream import UPSTREAM_AXES
+from ..store.runs import RunError, load_run
 from ..versions.git import GitError, git, is_checkout, merge_base, short_sha
 from ..versions.sets import INSTALLED, available_versions, parse
-from ..store.runs import RunError, load_run
 from ..words import did_you_mean
 from ..yamlio import MatrixError
 
@@ -35,21 +35,27 @@ def make_launcher(config, dry_run):
     name = config.getoption("simplefsdp_launcher") or config.getini("simplefsdp_launcher")
     launcher = config.hook.pytest_simplefsdp_make_launcher(config=config, name=name, dry_run=dry_run)
     if launcher is None:
-        raise pytest.UsageError(f"--simplefsdp-launcher: unknown launcher {name!r}; built in: "
-                                f"{', '.join([*LAUNCHERS, 'slurm'])} (plugins add more: pytest_simplefsdp_make_launcher)"
-                                + did_you_mean(name, [*LAUNCHERS, "slurm"]))
+        raise pytest.UsageError(
+            f"--simplefsdp-launcher: unknown launcher {name!r}; built in: "
+            f"{', '.join([*LAUNCHERS, 'slurm'])} (plugins add more: pytest_simplefsdp_make_launcher)"
+            + did_you_mean(name, [*LAUNCHERS, "slurm"])
+        )
     return launcher
 
 
 def load_runs(config, s, files, cache_dir):
     """The session's matrix files, loaded, expanded, and bound to what is installed."""
     try:
-        runs = [MatrixRun(p, config, cache_dir, s.tier, s.version_sets) for p in (files or matrix_files(s, config.rootpath))]
+        runs = [
+            MatrixRun(p, config, cache_dir, s.tier, s.version_sets) for p in (files or matrix_files(s, config.rootpath))
+        ]
         for run in runs:
             problem = run.target.check_installed()
             if problem and not s.dry_run:
                 raise pytest.UsageError(problem)
-            if not problem:  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: unchecked)
+            if (
+                not problem
+            ):  # flags spelled the way the installed torchtitan takes them (a dry run elsewhere: unchecked)
                 run.bind()
     except (MatrixError, RuntimeError) as e:
         raise pytest.UsageError(str(e)) from None
@@ -90,8 +96,10 @@ def load_known(config, s, runs, cache_dir):
             if entry.id in facts["matched"] or entry.foreign or (named and named <= set(facts["unloadable"])):
                 continue  # it matches a shipped cell, or its profiles are not loaded (or cannot be, here)
             if not any(could_apply(entry, c.axes, r.env(c.axes)) for r in runs for c in r.cells):
-                raise MatrixError(f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
-                                  f"({', '.join(sorted(names))})")
+                raise MatrixError(
+                    f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
+                    f"({', '.join(sorted(names))})"
+                )
         check_scopes(known, runs)
     except MatrixError as e:
         raise pytest.UsageError(str(e)) from None
@@ -131,11 +139,15 @@ def _shipped_facts(config, path, runs, cache_dir):
         known = load_known_failures(path, axis_names, profiles=names)
     except MatrixError as e:
         raise pytest.UsageError(str(e)) from None
-    matched = [e.id for e in known.entries
-               if any(could_apply(e, c.axes, r.env(c.axes)) for r in profiles for c in r.cells)]
-    return {"axes": sorted({a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES),
-            "profiles": sorted({r.matrix.profile for r in profiles} | unloadable),
-            "unloadable": sorted(unloadable), "matched": matched}
+    matched = [
+        e.id for e in known.entries if any(could_apply(e, c.axes, r.env(c.axes)) for r in profiles for c in r.cells)
+    ]
+    return {
+        "axes": sorted({a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES),
+        "profiles": sorted({r.matrix.profile for r in profiles} | unloadable),
+        "unloadable": sorted(unloadable),
+        "matched": matched,
+    }
 
 
 def check_key(config, path) -> str:
@@ -166,14 +178,19 @@ def check_versions(s, runs) -> list[str]:
                 known[package] = available_versions(package)
             except (OSError, ValueError) as e:
                 known[package] = None
-                lines.append(f"simplefsdp: the package index could not be asked for {package}'s releases ({e}); "
-                             f"its version sets are checked when their environments are built")
+                lines.append(
+                    f"simplefsdp: the package index could not be asked for {package}'s releases ({e}); "
+                    f"its version sets are checked when their environments are built"
+                )
         if known[package] is not None and version not in known[package]:
             near = ", ".join(known[package][-12:])
-            raise pytest.UsageError(f"version set {package}=={version}: the index has no {package} {version}; "
-                                    f"its releases: {near}")
-    return lines + [f"simplefsdp: version sets: {', '.join(sorted(labels))} (environments under "
-                    f".simplefsdp/envs/, built with uv where none is kept)"] * bool(labels)
+            raise pytest.UsageError(
+                f"version set {package}=={version}: the index has no {package} {version}; its releases: {near}"
+            )
+    return lines + [
+        f"simplefsdp: version sets: {', '.join(sorted(labels))} (environments under "
+        f".simplefsdp/envs/, built with uv where none is kept)"
+    ] * bool(labels)
 
 
 def torchtitan_checkout(config, s) -> Path | None:
@@ -193,9 +210,11 @@ def resolve_base(config, s):
     repo = s.torchtitan_repo  # (torchtitan_checkout's, where the option names none)
     if repo is None:
         tried = ", ".join(str(c) for c in (source_checkout("torchtitan"), config.rootpath) if c)
-        raise pytest.UsageError(f"--simplefsdp-base={s.base}: no torchtitan git checkout to take it from (tried "
-                                f"{tried}); run in your torchtitan checkout or name it with "
-                                f"--simplefsdp-torchtitan-repo=PATH")
+        raise pytest.UsageError(
+            f"--simplefsdp-base={s.base}: no torchtitan git checkout to take it from (tried "
+            f"{tried}); run in your torchtitan checkout or name it with "
+            f"--simplefsdp-torchtitan-repo=PATH"
+        )
     editable = source_checkout("torchtitan") == repo  # (then the PR is its working tree)
     try:
         ref, commit = merge_base(repo) if s.base == MERGE_BASE else (s.base, short_sha(repo, s.base))
@@ -204,8 +223,10 @@ def resolve_base(config, s):
     except GitError as e:
         raise pytest.UsageError(f"--simplefsdp-base={s.base}: {e}") from None
     if running and running.startswith(commit) and not dirty:
-        raise pytest.UsageError(f"--simplefsdp-base={s.base}: {commit} is the commit the installed torchtitan runs "
-                                f"(nothing to compare with); name the PR's base")
+        raise pytest.UsageError(
+            f"--simplefsdp-base={s.base}: {commit} is the commit the installed torchtitan runs "
+            f"(nothing to compare with); name the PR's base"
+        )
     return Base(ref, commit, str(repo))
 
 
@@ -229,8 +250,10 @@ def resolve_changed(s, base) -> Changed | None:
         return None
     repo = s.torchtitan_repo
     if repo is None:
-        raise pytest.UsageError(f"--simplefsdp-changed={s.changed}: no torchtitan git checkout to diff (run in your "
-                                f"torchtitan checkout or name it with --simplefsdp-torchtitan-repo=PATH)")
+        raise pytest.UsageError(
+            f"--simplefsdp-changed={s.changed}: no torchtitan git checkout to diff (run in your "
+            f"torchtitan checkout or name it with --simplefsdp-torchtitan-repo=PATH)"
+        )
     try:
         if s.changed == MERGE_BASE:
             ref, commit = (base.ref, base.commit) if base is not None else merge_base(repo)
@@ -253,11 +276,14 @@ def cell_arguments(config):
     for arg in config.args:
         file, _, cell = arg.partition("::")
         file = file.removesuffix("[trace]")
-        path = next((b / file for b in (config.invocation_params.dir, config.rootpath) if (b / file).is_file()),
-                    None) or shipped_path(file)
+        path = next(
+            (b / file for b in (config.invocation_params.dir, config.rootpath) if (b / file).is_file()), None
+        ) or shipped_path(file)
         if path is None or path.suffix not in (".yaml", ".yml"):
-            raise pytest.UsageError(f"{arg}: not a matrix file or a cell of one; --simplefsdp-matrix runs the "
-                                    f"matrix only (drop it to run test files)")
+            raise pytest.UsageError(
+                f"{arg}: not a matrix file or a cell of one; --simplefsdp-matrix runs the "
+                f"matrix only (drop it to run test files)"
+            )
         ids = chosen.setdefault(path.resolve(), set())
         if not cell:
             chosen[path.resolve()] = ids = None  # the whole file
@@ -278,8 +304,9 @@ def check_named(chosen, runs):
         unknown = sorted(n for n in named if n.split("[mutant-")[0] not in ids)
         if unknown:
             hints = "".join(did_you_mean(n, ids) for n in unknown)
-            raise pytest.UsageError(f"{run.matrix.path}: no valid cell {', '.join(unknown)}{hints} "
-                                    f"(--simplefsdp-dry-run lists its cells)")
+            raise pytest.UsageError(
+                f"{run.matrix.path}: no valid cell {', '.join(unknown)}{hints} (--simplefsdp-dry-run lists its cells)"
+            )
 
 
 def check_plugins(config, s):
@@ -289,15 +316,21 @@ def check_plugins(config, s):
     Returns (header lines, whether cells are exempt from an ini pytest-timeout)."""
     reruns = getattr(config.option, "reruns", None)
     if reruns:
-        raise pytest.UsageError(f"--reruns {reruns} (pytest-rerunfailures): a matrix cell is not rerun; a cell "
-                                f"that fails now and then is a `kind: flaky` entry in the known failures")
+        raise pytest.UsageError(
+            f"--reruns {reruns} (pytest-rerunfailures): a matrix cell is not rerun; a cell "
+            f"that fails now and then is a `kind: flaky` entry in the known failures"
+        )
     if getattr(config.option, "timeout", None):
-        raise pytest.UsageError(f"--timeout {config.option.timeout:g} (pytest-timeout): a cell is timed by its "
-                                f"supervisor, which dumps the ranks' stacks and keeps the record: use "
-                                f"--simplefsdp-timeout={config.option.timeout:g}")
+        raise pytest.UsageError(
+            f"--timeout {config.option.timeout:g} (pytest-timeout): a cell is timed by its "
+            f"supervisor, which dumps the ranks' stacks and keeps the record: use "
+            f"--simplefsdp-timeout={config.option.timeout:g}"
+        )
     if config.pluginmanager.hasplugin("timeout") and float(config.getini("timeout") or 0) > 0:
-        return [f"simplefsdp: the ini timeout ({config.getini('timeout')} s, pytest-timeout) does not apply to cells: "
-                f"each has its own (--simplefsdp-timeout, else the matrix file's `timeout`)"], True
+        return [
+            f"simplefsdp: the ini timeout ({config.getini('timeout')} s, pytest-timeout) does not apply to cells: "
+            f"each has its own (--simplefsdp-timeout, else the matrix file's `timeout`)"
+        ], True
     return [], False
 
 
@@ -309,8 +342,10 @@ def check_gpus(runs, runner):
         if run.matrix.device == Device.CUDA and not runner.launcher_for(run).remote:  # (trace tier: CPU)
             need = max((c.world for c in run.cells), default=0)
             if have < need:
-                out[run.name] = (f"profile {run.matrix.profile} needs {need} CUDA devices, {have} visible "
-                                 f"(--simplefsdp-dry-run lists its commands; --simplefsdp-tier=trace runs it here)")
+                out[run.name] = (
+                    f"profile {run.matrix.profile} needs {need} CUDA devices, {have} visible "
+                    f"(--simplefsdp-dry-run lists its commands; --simplefsdp-tier=trace runs it here)"
+                )
     return out
 
 
@@ -322,9 +357,11 @@ def stored_run(path, option, runs=(), runs_dirs=()):
     if path == NEWEST:
         path = newest_run(runs, runs_dirs)
         if path is None:
-            raise pytest.UsageError(f"--simplefsdp-{option}: no stored run of profile "
-                                    f"{', '.join(sorted({r.matrix.profile for r in runs}))} under "
-                                    f"{', '.join(map(str, runs_dirs))}; name a run's file")
+            raise pytest.UsageError(
+                f"--simplefsdp-{option}: no stored run of profile "
+                f"{', '.join(sorted({r.matrix.profile for r in runs}))} under "
+                f"{', '.join(map(str, runs_dirs))}; name a run's file"
+            )
     try:
         return str(path), load_run(path)
     except (OSError, RunError) as e:
@@ -335,8 +372,9 @@ def newest_run(runs, runs_dirs):
     """The newest stored results.jsonl whose meta records name a profile of ``runs`` (pytest-benchmark's bare
     --benchmark-compare), or None."""
     profiles = {r.matrix.profile for r in runs}
-    found = sorted({p for d in runs_dirs for p in Path(d).glob("*/results.jsonl")}, key=lambda p: p.stat().st_mtime,
-                   reverse=True)
+    found = sorted(
+        {p for d in runs_dirs for p in Path(d).glob("*/results.jsonl")}, key=lambda p: p.stat().st_mtime, reverse=True
+    )
     for path in found:
         for line in path.read_text(errors="replace").splitlines():
             try:

@@ -25,10 +25,10 @@ from ..options import settings
 from ..paths import output_root
 from ..run.baselines import Book, Unavailable, param_stats
 from ..run.runner import CellRunner
+from ..spec.cells import first_id
 from ..store.history import History, versions_of
 from ..store.results import ResultStore
 from ..versions.envs import Environments
-from ..spec.cells import first_id
 from ..versions.sets import cell_set
 from . import setup
 
@@ -48,8 +48,9 @@ class MatrixSession:
             self.run_dir = Path(self.worker["simplefsdp_run_dir"]) / self.worker["workerid"]
         elif getattr(config.option, "numprocesses", None):
             if s.jobs != 1:
-                raise pytest.UsageError("--simplefsdp-jobs packs cells in one process; with pytest-xdist (-n) "
-                                        "choose one of the two")
+                raise pytest.UsageError(
+                    "--simplefsdp-jobs packs cells in one process; with pytest-xdist (-n) choose one of the two"
+                )
             if s.dry_run:
                 raise pytest.UsageError("--simplefsdp-dry-run lists the commands in one process: drop -n")
         self.max_ranks = s.max_ranks or max(1, int(psutil.virtual_memory().available / 1e9))
@@ -72,12 +73,16 @@ class MatrixSession:
         self.runs_dirs = [self.cache_dir / "runs", *([s.artifacts.parent] if s.artifacts else [])]
         self.compared = setup.stored_run(s.compare, "compare", self.runs, self.runs_dirs)  # (what, run) or None
         about = {**(self.known.about() if self.known else {}), **({"base": self.base.about()} if self.base else {})}
-        self.store = ResultStore(self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name,
-                                 config.hook, config, about=about)
+        self.store = ResultStore(
+            self.run_dir, self.runs, lambda run: self.runner.launcher_for(run).name, config.hook, config, about=about
+        )
         self.store.selections = self.selections
         # --simplefsdp-history: every process reads a cell's earlier runs; the controller alone appends
-        self.history = None if s.history == "off" or s.dry_run or config.option.collectonly else \
-            History(s.history or self.cache_dir / "history.sqlite")
+        self.history = (
+            None
+            if s.history == "off" or s.dry_run or config.option.collectonly
+            else History(s.history or self.cache_dir / "history.sqlite")
+        )
         if self.worker is None:
             self.store.history = self.history
         self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
@@ -97,9 +102,15 @@ class MatrixSession:
     @staticmethod
     def skipped_result(cell, entry, reason=None):
         """A cell that is not run: a skip entry's, or (entry None) the reason given."""
-        return CellResult(cell.id, dict(cell.axes), status=Status.SKIPPED, world=cell.world,
-                          known_failure=entry and entry.id, known_failure_link=entry and entry.link,
-                          verdict=entry.reason if entry else reason)
+        return CellResult(
+            cell.id,
+            dict(cell.axes),
+            status=Status.SKIPPED,
+            world=cell.world,
+            known_failure=entry and entry.id,
+            known_failure_link=entry and entry.link,
+            verdict=entry.reason if entry else reason,
+        )
 
     @staticmethod
     def internal_error(cell, error: BaseException):
@@ -153,13 +164,34 @@ class MatrixSession:
             result.history = self.history_of(run, cell, result)
             if self.base is not None and result.status == Status.FAILED and result.failure_class:
                 result.base = self.against_base(run, cell, result, entries)
-        d = decide(result, entries, self.settings.gate, self.settings.update_known_failures, result.confirm,
-                   result.base, gated=self.base is not None, history=result.history)
-        if d.status == Status.PASSED and self.base is not None and cell.smoke and result.status == Status.PASSED \
-                and self.settings.base_numerics != "off":
+        d = decide(
+            result,
+            entries,
+            self.settings.gate,
+            self.settings.update_known_failures,
+            result.confirm,
+            result.base,
+            gated=self.base is not None,
+            history=result.history,
+        )
+        if (
+            d.status == Status.PASSED
+            and self.base is not None
+            and cell.smoke
+            and result.status == Status.PASSED
+            and self.settings.base_numerics != "off"
+        ):
             if self.numerics_against_base(run, cell, result):  # --simplefsdp-base-numerics=fail, and it moved
-                d = decide(result, entries, self.settings.gate, self.settings.update_known_failures, None,
-                           result.base, gated=True, history=result.history)
+                d = decide(
+                    result,
+                    entries,
+                    self.settings.gate,
+                    self.settings.update_known_failures,
+                    None,
+                    result.base,
+                    gated=True,
+                    history=result.history,
+                )
         record_decision(result, d)
         return result, Verdict(d.status, d.entry, d.verdict, d.flaky)
 
@@ -179,15 +211,23 @@ class MatrixSession:
         if lane is None:  # a matrix without numerics: nothing to compare
             return False
         with self.phase(run, cell, f"a run on the base {self.base.name()} (numerics)"):
-            theirs = self.runs_on(run, cell, "torchtitan", "@" + self.base.commit, "base-numerics", runs=1,
-                                  check=False)[0]
+            theirs = self.runs_on(
+                run, cell, "torchtitan", "@" + self.base.commit, "base-numerics", runs=1, check=False
+            )[0]
         if theirs.status != Status.PASSED:
-            result.base_numerics = {**self.base.about(), "changed": None, "folder": theirs.log_dir,
-                                    "line": f"not compared: the cell failed on the base {self.base.name()}: "
-                                            f"{theirs.error_line}"}
+            result.base_numerics = {
+                **self.base.about(),
+                "changed": None,
+                "folder": theirs.log_dir,
+                "line": f"not compared: the cell failed on the base {self.base.name()}: {theirs.error_line}",
+            }
             return False
-        record = numerics_vs_base({"losses": result.losses, "stats": param_stats(result.log_dir)},
-                                  {"losses": theirs.losses, "stats": param_stats(theirs.log_dir)}, lane, self.base)
+        record = numerics_vs_base(
+            {"losses": result.losses, "stats": param_stats(result.log_dir)},
+            {"losses": theirs.losses, "stats": param_stats(theirs.log_dir)},
+            lane,
+            self.base,
+        )
         result.base_numerics = {**record, "folder": theirs.log_dir}
         if not (record["beyond"] and self.settings.base_numerics == "fail"):
             return False
@@ -211,9 +251,14 @@ class MatrixSession:
         each judged as any cell (baseline of that set included, unless not ``check``), in
         ``<cell>/<purpose>-<set>-<N>/``: a bisection's probe, a PR's base."""
         vset = cell_set(cell.axes).with_pin(package, version)
-        return [self.run_and_check(run, cell.attempt(f"{purpose}-{vset.slug()}-{n}",
-                                                     axes={**cell.axes, "versions": vset.label()}), check=check)
-                for n in range(1, (runs or self.settings.confirm) + 1)]
+        return [
+            self.run_and_check(
+                run,
+                cell.attempt(f"{purpose}-{vset.slug()}-{n}", axes={**cell.axes, "versions": vset.label()}),
+                check=check,
+            )
+            for n in range(1, (runs or self.settings.confirm) + 1)
+        ]
 
     def confirm(self, run, cell, result):
         """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it
@@ -246,8 +291,9 @@ class MatrixSession:
             result.status, result.failure_class, result.culprit = Status.PASSED, None, None
             result.error_line = result.error_text = None
             self.book.check(run, cell, result)
-            result.details.append(f"{culprit} failed once ({first}); it passed on run {ran} of {runs}, and this cell "
-                                  f"was compared with it")
+            result.details.append(
+                f"{culprit} failed once ({first}); it passed on run {ran} of {runs}, and this cell was compared with it"
+            )
 
     def run_attempt(self, run, cell, attempt):
         """The cell once more, beside its first run (``<cell>/<attempt>/``), compared with its baseline."""
@@ -269,8 +315,10 @@ class MatrixSession:
         run = next(r for r in self.runs if r.matrix.path.resolve() == Path(path).resolve())
         cell = run.cell(cell_id)
         if cell is None:
-            raise pytest.UsageError(f"simplefsdp_cell: {run.matrix.path} has no valid cell {cell_id!r}; its cells: "
-                                    f"{', '.join(c.id for c in run.cells[:20])}{' ...' if len(run.cells) > 20 else ''}")
+            raise pytest.UsageError(
+                f"simplefsdp_cell: {run.matrix.path} has no valid cell {cell_id!r}; its cells: "
+                f"{', '.join(c.id for c in run.cells[:20])}{' ...' if len(run.cells) > 20 else ''}"
+            )
         if run.name in self.unavailable:
             pytest.skip(self.unavailable[run.name])
         skip = self.skip_entry(run, cell)
@@ -278,8 +326,10 @@ class MatrixSession:
             pytest.skip(f"known failure {skip.id}: {skip.reason} ({skip.link})")
         if mutant:
             if mutant not in {m.name for m in run.target.MUTANTS}:
-                raise pytest.UsageError(f"simplefsdp_cell: unknown mutant {mutant!r} of target {run.target.name}; "
-                                        f"known: {', '.join(m.name for m in run.target.MUTANTS) or 'none'}")
+                raise pytest.UsageError(
+                    f"simplefsdp_cell: unknown mutant {mutant!r} of target {run.target.name}; "
+                    f"known: {', '.join(m.name for m in run.target.MUTANTS) or 'none'}"
+                )
             cell = cell.mutated(mutant)
         result, _ = self.run_judged(run, cell)
         self.record(run, result)
@@ -293,8 +343,10 @@ class MatrixSession:
         fork server that ended on its own, a close that failed; lines of the leftovers that had to be killed).
         It never raises: the session's report comes after it."""
         incidents = list(getattr(self.launcher, "incidents", list)())
-        for step, what in ((lambda: self.packer and self.packer.close(), "stopping the cell packer"),
-                           (self.launcher.close, f"closing the {self.launcher.name} launcher")):
+        for step, what in (
+            (lambda: self.packer and self.packer.close(), "stopping the cell packer"),
+            (self.launcher.close, f"closing the {self.launcher.name} launcher"),
+        ):
             try:
                 step()
             except Exception as e:  # noqa: BLE001 - reported in the summary, never a traceback that loses it

@@ -52,15 +52,23 @@ def memory(trainer, params) -> dict:
     """The bytes this rank holds (local shards) in parameters, gradients and optimizer state; the device's peak."""
     import torch
 
-    state = [v for o in getattr(trainer.optimizers, "optimizers", [trainer.optimizers])
-             for s in o.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]  # not AdamW's step
+    state = [
+        v
+        for o in getattr(trainer.optimizers, "optimizers", [trainer.optimizers])
+        for s in o.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.dim()
+    ]  # not AdamW's step
     peak = None
     if any(local(p).is_cuda for p in params.values()):
         peak = int(torch.cuda.max_memory_allocated())
-    return {"params": sum(_bytes(p) for p in params.values()),
-            "grads": sum(_bytes(p.grad) for p in params.values() if p.grad is not None),
-            "optimizer": sum(_bytes(v) for v in state), "peak": peak,
-            "optimizer_class": sorted({type(o).__name__ for o in getattr(trainer.optimizers, "optimizers", [])})}
+    return {
+        "params": sum(_bytes(p) for p in params.values()),
+        "grads": sum(_bytes(p.grad) for p in params.values() if p.grad is not None),
+        "optimizer": sum(_bytes(v) for v in state),
+        "peak": peak,
+        "optimizer_class": sorted({type(o).__name__ for o in getattr(trainer.optimizers, "optimizers", [])}),
+    }
 
 
 def model_layers(trainer):
@@ -108,16 +116,29 @@ def at_first_step(trainer, params, traced: bool):
     from torch._dynamo.utils import counters
 
     graphs = counters["stats"]["unique_graphs"]
-    wrapped = sum(getattr(m, "_compiled_call_impl", None) is not None  # nn.Module.compile, as jit applies it
-                  for part in trainer.model_parts for m in part.modules())
+    wrapped = sum(
+        getattr(m, "_compiled_call_impl", None) is not None  # nn.Module.compile, as jit applies it
+        for part in trainer.model_parts
+        for m in part.modules()
+    )
     ran = "aot_fx_trace" if traced else "jit" if wrapped and graphs else "eager"
-    record.write("effects", {"params": param_layout(params), "layers": layers(params),
-                             "model_layers": model_layers(trainer), "memory": memory(trainer, params),
-                             "data_parallel": data_parallel(trainer),
-                             "trainer": type(trainer).__name__, "dynamo_graphs": graphs, "compiled_modules": wrapped,
-                             "compile": ran, "inductor_graphs": _INDUCTOR["graphs"],
-                             "jit_backend": "inductor" if _INDUCTOR["graphs"] else "aot_eager",
-                             "spmd_backend": spmd_backend()})
+    record.write(
+        "effects",
+        {
+            "params": param_layout(params),
+            "layers": layers(params),
+            "model_layers": model_layers(trainer),
+            "memory": memory(trainer, params),
+            "data_parallel": data_parallel(trainer),
+            "trainer": type(trainer).__name__,
+            "dynamo_graphs": graphs,
+            "compiled_modules": wrapped,
+            "compile": ran,
+            "inductor_graphs": _INDUCTOR["graphs"],
+            "jit_backend": "inductor" if _INDUCTOR["graphs"] else "aot_eager",
+            "spmd_backend": spmd_backend(),
+        },
+    )
 
 
 # the recompute tags each memory policy writes (memory_policy.py): full tags forward nodes MUST_RECOMPUTE, default
@@ -180,8 +201,15 @@ def effects():
             _add(seen, total)
             for block, counts in blocks.items():  # GraphPP: one graph per stage, each with its blocks
                 _add(per_block.setdefault(block, {}), counts)
-            record.write("effects", {"tags": seen, "memory_policy": policy_of(seen), "block_tags": per_block,
-                                     "block_policy": {b: policy_of(c) for b, c in per_block.items()}})
+            record.write(
+                "effects",
+                {
+                    "tags": seen,
+                    "memory_policy": policy_of(seen),
+                    "block_tags": per_block,
+                    "block_policy": {b: policy_of(c) for b, c in per_block.items()},
+                },
+            )
             return remat(gm, *args, **kwargs)
 
         module.selective_activation_remat_pass = selective_activation_remat_pass
@@ -212,8 +240,13 @@ def effects():
 
             def step(self, *args, _original=original, **kwargs):
                 order = getattr(self, "pipeline_order", None) or {}
-                record.write("effects", {"pp_schedule": type(self).__name__,
-                                         "pp_actions": len(order.get(getattr(self, "rank", 0), []) or [])})
+                record.write(
+                    "effects",
+                    {
+                        "pp_schedule": type(self).__name__,
+                        "pp_actions": len(order.get(getattr(self, "rank", 0), []) or []),
+                    },
+                )
                 return _original(self, *args, **kwargs)
 
             base.step = step

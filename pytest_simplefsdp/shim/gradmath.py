@@ -8,8 +8,9 @@ _PRIME = 2**31 - 1  # two residues multiply within int64, and 2**32 products of 
 def shard_dims(t):
     """The mesh dims that split a DTensor: Shard, and _StridedShard (SimpleFSDP + TP), for which is_shard() is False
     on torch 2.14; () for a replicated DTensor or a plain tensor."""
-    return tuple(i for i, pl in enumerate(getattr(t, "placements", None) or ())
-                 if not (pl.is_replicate() or pl.is_partial()))
+    return tuple(
+        i for i, pl in enumerate(getattr(t, "placements", None) or ()) if not (pl.is_replicate() or pl.is_partial())
+    )
 
 
 def shard_key(t) -> str:
@@ -69,7 +70,7 @@ def over_shards(tensors, part, whole, finish):
             total = parts[0]
             for other in parts[1:]:
                 total = total + other
-        done, unusable = finish(total[:len(items)]).tolist(), (total[len(items):] > 0).tolist()
+        done, unusable = finish(total[: len(items)]).tolist(), (total[len(items) :] > 0).tolist()
         for (fqn, t, _, _), value, gather in zip(items, done, unusable):
             out[fqn] = whole(t.full_tensor()) if gather else value  # the same on every rank: the flags are summed
     return {fqn: out[fqn] for fqn in tensors}
@@ -80,8 +81,9 @@ def norms(tensors):
     import torch
 
     norm = torch.linalg.vector_norm
-    return over_shards(tensors, lambda t: (norm(t.to_local()).pow(2), True), lambda x: float(norm(x)),
-                        lambda s: s.pow(0.5))
+    return over_shards(
+        tensors, lambda t: (norm(t.to_local()).pow(2), True), lambda x: float(norm(x)), lambda s: s.pow(0.5)
+    )
 
 
 def bits_hash(values, index):
@@ -113,7 +115,9 @@ def checksums(tensors):
             return torch.zeros((), dtype=torch.int64), False
         return bits_hash(local, index), True
 
-    return over_shards(tensors, part, lambda x: int(bits_hash(x, torch.arange(x.numel(), device=x.device))),
-                        lambda s: s.remainder(_PRIME))
-
-
+    return over_shards(
+        tensors,
+        part,
+        lambda x: int(bits_hash(x, torch.arange(x.numel(), device=x.device))),
+        lambda s: s.remainder(_PRIME),
+    )

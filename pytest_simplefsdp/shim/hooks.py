@@ -42,6 +42,7 @@ def _apply(name, module):
 
 def after_import(module_name, label=None):
     """Decorator: run ``patch(module)`` once ``module_name`` is imported (at once where it is)."""
+
     def register(patch):
         PENDING.setdefault(module_name, []).append((label or f"{module_name}:{patch.__name__}", patch))
         module = sys.modules.get(module_name)

@@ -200,13 +200,17 @@ def replicate_partial():
         def data_parallel(model, device_mesh, mode="replicate", *args, **kwargs):
             head = getattr(model, "lm_head", None) or getattr(model, "output", None)
             if mode in ("replicate", "hybrid_shard") and head is not None and hasattr(model, "layers"):
-                placements = (Shard(1), Shard(0))[-device_mesh.ndim:]  # (replicate dim, fsdp dim) or (replicate)
+                placements = (Shard(1), Shard(0))[-device_mesh.ndim :]  # (replicate dim, fsdp dim) or (replicate)
                 names = [n for n, p in head.named_parameters(recurse=False) if p is not None]
                 for name in names:
-                    head.register_parameter(name, nn.Parameter(distribute_tensor(getattr(head, name), device_mesh,
-                                                                                 placements)))
-                simple._register_parametrization(_own_class(head), names, simple.ReplicateComputation(
-                    device_mesh, placements, mode, mp_policy=kwargs.get("mp_policy")))
+                    head.register_parameter(
+                        name, nn.Parameter(distribute_tensor(getattr(head, name), device_mesh, placements))
+                    )
+                simple._register_parametrization(
+                    _own_class(head),
+                    names,
+                    simple.ReplicateComputation(device_mesh, placements, mode, mp_policy=kwargs.get("mp_policy")),
+                )
                 _acted("replicate_partial")
             return original(model, device_mesh, mode, *args, **kwargs)
 
@@ -216,8 +220,8 @@ def replicate_partial():
 
 
 def _replicated_over_tp(layout):
-    from torchtitan.distributed.parallel_dims import MeshAxisName, SpmdLayout
     import spmd_types as spmd
+    from torchtitan.distributed.parallel_dims import MeshAxisName, SpmdLayout
 
     return SpmdLayout({**layout.axis_types, MeshAxisName.TP: spmd.R}, partition_spec=layout.partition_spec)
 
@@ -239,9 +243,13 @@ def tp_partial():
         def colwise(cfg):
             weight = cfg and cfg.state_shardings.get("weight")
             out = cfg and cfg.out_src_shardings
-            return (weight is not None and cfg.local_map is None and cfg.out_dst_shardings is None
-                    and weight.axis_types.get(MeshAxisName.TP) == spmd.S(0)
-                    and getattr(out, "axis_types", {}).get(MeshAxisName.TP) == spmd.S(-1))
+            return (
+                weight is not None
+                and cfg.local_map is None
+                and cfg.out_dst_shardings is None
+                and weight.axis_types.get(MeshAxisName.TP) == spmd.S(0)
+                and getattr(out, "axis_types", {}).get(MeshAxisName.TP) == spmd.S(-1)
+            )
 
         def parallelize(self, parallel_dims):
             if parallel_dims.tp > 1 and not done:
@@ -250,9 +258,11 @@ def tp_partial():
                 if first is not None:
                     cfg = first._sharding_config
                     first._sharding_config = dataclasses.replace(
-                        cfg, state_shardings={k: _replicated_over_tp(v) for k, v in cfg.state_shardings.items()},
+                        cfg,
+                        state_shardings={k: _replicated_over_tp(v) for k, v in cfg.state_shardings.items()},
                         out_src_shardings=_replicated_over_tp(cfg.out_src_shardings),
-                        out_dst_shardings=cfg.out_src_shardings)
+                        out_dst_shardings=cfg.out_src_shardings,
+                    )
                     _acted("tp_partial")
             return original(self, parallel_dims)
 
@@ -315,6 +325,7 @@ def pp_partial():
         return split
 
     for name in ("torchtitan.distributed.pipeline_parallel", "torchtitan.experiments.graph_trainer.graph_pp.pipeline"):
+
         @after_import(name, "mutant:pp_partial")
         def partial(module):
             module._generate_llm_fqn_per_model_part = drop_last(module._generate_llm_fqn_per_model_part)

@@ -32,8 +32,11 @@ def _data_sources(config):
         node = stack.pop()
         if not dataclasses.is_dataclass(node) or isinstance(node, type):
             continue
-        if isinstance(getattr(node, "load_dataset_kwargs", None), dict) and hasattr(node, "path") \
-                and hasattr(node, "split"):
+        if (
+            isinstance(getattr(node, "load_dataset_kwargs", None), dict)
+            and hasattr(node, "path")
+            and hasattr(node, "split")
+        ):
             found.append(node)
         stack += [getattr(node, f.name, None) for f in dataclasses.fields(node)]
     return found
@@ -56,9 +59,12 @@ def _set_dataset(config, folder):
 PYTHON_OPTIONS = {
     # torchtitan main since the grain dataloader (upstream 1460458): no --dataloader.dataset_path
     "dataloader.dataset_path": (
-        lambda job: not hasattr(getattr(job, "dataloader", None), "dataset_path")
-        and bool(_data_sources(getattr(job, "dataloader", None))),
-        _set_dataset),
+        lambda job: (
+            not hasattr(getattr(job, "dataloader", None), "dataset_path")
+            and bool(_data_sources(getattr(job, "dataloader", None)))
+        ),
+        _set_dataset,
+    ),
 }
 
 
@@ -83,6 +89,7 @@ def config_set():
     """In a rank: ``$SIMPLEFSDP_CONFIG_SET`` set on the job config where torchtitan 0.3 and main load it from
     ``--module``/``--config`` (``ConfigManager._load_config``; the CLI's overrides then apply on top, as they do on a
     config function's defaults). Read at each load, so a fork server's ranks set their own cell's values."""
+
     @after_import("torchtitan.config.manager", "config_set")
     def patch(module):
         load = module.ConfigManager._load_config
@@ -140,8 +147,12 @@ def load_config(module=None, config=None):
         from torchtitan.config.job_config import JobConfig
 
         return None, JobConfig()
-    candidates = [f"torchtitan.experiments.{module}.config_registry", f"torchtitan.models.{module}.config_registry",
-                  f"{module}.config_registry", module]
+    candidates = [
+        f"torchtitan.experiments.{module}.config_registry",
+        f"torchtitan.models.{module}.config_registry",
+        f"{module}.config_registry",
+        module,
+    ]
     for name in candidates:
         try:
             registry = importlib.import_module(name)
@@ -168,8 +179,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--module")
     parser.add_argument("--config")
-    parser.add_argument("--many", help="a JSON list of [module, config] pairs: one table each, in one process "
-                                       "(torch and torchtitan imported once)")
+    parser.add_argument(
+        "--many",
+        help="a JSON list of [module, config] pairs: one table each, in one process "
+        "(torch and torchtitan imported once)",
+    )
     args = parser.parse_args(argv)
     if args.many:
         print(json.dumps([table(m, c) for m, c in json.loads(args.many)]))

@@ -102,7 +102,10 @@ def sdpa_math_backend():
         from torch.nn.attention import SDPBackend
 
         module.ScaledDotProductAttentionWrapper.sdpa_backends = [
-            SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+            SDPBackend.FLASH_ATTENTION,
+            SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.MATH,
+        ]
 
 
 def histc_integer_input():
@@ -129,8 +132,16 @@ def fill_indices_tensor_ops():
         module.fill_indices_wrapper = fill_indices
 
 
-def fill_indices(tokens_per_expert_group, start_index_values, write_offsets, experts_per_rank, num_ranks,
-                 max_len, block_size=128, max_blocks=1024):
+def fill_indices(
+    tokens_per_expert_group,
+    start_index_values,
+    write_offsets,
+    experts_per_rank,
+    num_ranks,
+    max_len,
+    block_size=128,
+    max_blocks=1024,
+):
     """For each local expert, the token indices it receives from every rank, in rank order, written
     from the expert's offset; -1 elsewhere (the contract of 0.2's ``fill_indices_wrapper``)."""
     import torch
@@ -186,10 +197,18 @@ SHARED = {
     "barrier_device_ids": barrier_device_ids,
 }
 PATCH_SETS = {  # SIMPLEFSDP_CPU_SHIM names the set: one per torchtitan generation
-    "titan03": {**SHARED, "dram_bandwidth_constant": dram_bandwidth_constant, "cpu_sdpa_saved": cpu_sdpa_saved,
-                "fsdp2_sum_reduction": fsdp2_sum_reduction, "end_of_run_sleep": end_of_run_sleep},
-    "titan02": {**SHARED, "sdpa_math_backend": sdpa_math_backend, "histc_integer_input": histc_integer_input,
-                "fill_indices_tensor_ops": fill_indices_tensor_ops, "grouped_mm_on_cpu": grouped_mm_on_cpu},
+    "titan03": {
+        **SHARED,
+        "dram_bandwidth_constant": dram_bandwidth_constant,
+        "cpu_sdpa_saved": cpu_sdpa_saved,
+        "fsdp2_sum_reduction": fsdp2_sum_reduction,
+        "end_of_run_sleep": end_of_run_sleep,
+    },
+    "titan02": {
+        **SHARED,
+        "sdpa_math_backend": sdpa_math_backend,
+        "histc_integer_input": histc_integer_input,
+        "fill_indices_tensor_ops": fill_indices_tensor_ops,
+        "grouped_mm_on_cpu": grouped_mm_on_cpu,
+    },
 }
-
-

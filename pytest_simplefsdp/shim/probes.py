@@ -45,10 +45,18 @@ def evidence():
 
         def parse_args(self, *args, **kwargs):
             cfg = original(self, *args, **kwargs)
-            keys = {"compile": ("mode", "backend", "inductor_compilation", "memory_policy"),
-                    "parallelism": ("pipeline_parallel_schedule",)}
-            record.write("config", {f"{section}.{k}": str(getattr(getattr(cfg, section, None), k, None))
-                                    for section, names in keys.items() for k in names})
+            keys = {
+                "compile": ("mode", "backend", "inductor_compilation", "memory_policy"),
+                "parallelism": ("pipeline_parallel_schedule",),
+            }
+            record.write(
+                "config",
+                {
+                    f"{section}.{k}": str(getattr(getattr(cfg, section, None), k, None))
+                    for section, names in keys.items()
+                    for k in names
+                },
+            )
             record.write("config", {"trainer": type(cfg).__qualname__.split(".")[0]})  # GraphTrainer or Trainer
             return cfg
 
@@ -60,8 +68,10 @@ def evidence():
 
         def build_mesh(self, *args, **kwargs):
             world = original(self, *args, **kwargs)
-            record.write("degrees", {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp",
-                                                                   "ep", "world_size")})
+            record.write(
+                "degrees",
+                {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "world_size")},
+            )
             record.write("mesh", {name: m.size() for name, m in self.get_all_one_dimensional_meshes().items()})
             return world
 
@@ -93,8 +103,14 @@ def training(grads: bool, invariants: bool, mutant: str | None):
                 params = named_params(trainer)
                 act("grads", trainer=trainer, params=params)
                 if grads:
-                    record.append("grads", {"kind": "grad_norm", "step": trainer.step,
-                                            "values": gradmath.norms({fqn: p.grad for fqn, p in params.items()})})
+                    record.append(
+                        "grads",
+                        {
+                            "kind": "grad_norm",
+                            "step": trainer.step,
+                            "values": gradmath.norms({fqn: p.grad for fqn, p in params.items()}),
+                        },
+                    )
             return original(*args, **kwargs)
 
         module.clip_grad_norm_ = clip_grad_norm_  # trainer.py calls it as dist_utils.clip_grad_norm_
@@ -113,8 +129,9 @@ def training(grads: bool, invariants: bool, mutant: str | None):
                 _watch(self, act, invariants)
             out = original(self, *args, **kwargs)
             if grads:
-                record.append("grads", {"kind": "param_norm", "step": self.step,
-                                        "values": gradmath.norms(named_params(self))})
+                record.append(
+                    "grads", {"kind": "param_norm", "step": self.step, "values": gradmath.norms(named_params(self))}
+                )
             if invariants and "update" in _STATE:
                 record.append("steps", {"step": self.step, **_STATE.pop("update"), **_STATE["counts"]})
             if "effects" not in _STATE:  # the parallelised model and what ran step 1
@@ -156,8 +173,12 @@ def _watch(trainer, act, invariants):
 
 def _learning_rates(optimizers):
     """id(parameter) -> the learning rate its optimizer step uses."""
-    return {id(p): float(group["lr"]) for o in getattr(optimizers, "optimizers", [optimizers])
-            for group in o.param_groups for p in group["params"]}
+    return {
+        id(p): float(group["lr"])
+        for o in getattr(optimizers, "optimizers", [optimizers])
+        for group in o.param_groups
+        for p in group["params"]
+    }
 
 
 def _has_grad(params):
@@ -181,6 +202,8 @@ def _update(params, before, lrs, with_grad):
         squares.append((now.double() - before[fqn].double()).pow(2).sum())
         hashes.append(gradmath.bits_hash(now, torch.arange(now.numel(), device=now.device)))
     changed, squares, hashes = (torch.stack(x).tolist() if x else [] for x in (changed, squares, hashes))
-    out = {fqn: [bool(c), with_grad[fqn], lrs.get(id(p)), int(h), gradmath.shard_key(p), s]
-           for (fqn, p), c, s, h in zip(params.items(), changed, squares, hashes)}
+    out = {
+        fqn: [bool(c), with_grad[fqn], lrs.get(id(p)), int(h), gradmath.shard_key(p), s]
+        for (fqn, p), c, s, h in zip(params.items(), changed, squares, hashes)
+    }
     return {"lr": sorted(set(lrs.values())), "params": out}

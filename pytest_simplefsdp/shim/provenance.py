@@ -41,6 +41,7 @@ def tree_hash(folder) -> str:
 def git_commit(folder) -> tuple[str | None, bool]:
     """(HEAD of the git checkout whose tracked files ``folder`` holds, whether they differ from it); (None, False)
     where the folder's files are not tracked there (an environment's copy inside a checkout's ignored folders)."""
+
     def git(*args):
         return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True, timeout=20)
 
@@ -126,9 +127,15 @@ def numerics_machine(torch) -> dict:
     except Exception:  # noqa: BLE001 - an older torch: the field is left out, never the rank
         capability = None
     model, caches = cpu_model()
-    return {"aten": capability, "mkl": os.environ.get("MKL_CBWR", "AUTO"),
-            "onednn": os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL"), "threads": os.environ.get("OMP_NUM_THREADS", ""),
-            "model": model, "caches": caches, "flags": cpu_flags()}
+    return {
+        "aten": capability,
+        "mkl": os.environ.get("MKL_CBWR", "AUTO"),
+        "onednn": os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL"),
+        "threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "model": model,
+        "caches": caches,
+        "flags": cpu_flags(),
+    }
 
 
 MACHINE = {}

@@ -114,8 +114,12 @@ def world_size(matrix: Matrix, axes: dict) -> int:
 
 def rule_names(matrix: Matrix, axes: dict) -> dict:
     """What a rule's drop_if and reason can refer to."""
-    names = {"world": world_size(matrix, axes), "world_sizes": matrix.world_sizes,
-             "profile": matrix.profile, "device": matrix.device}
+    names = {
+        "world": world_size(matrix, axes),
+        "world_sizes": matrix.world_sizes,
+        "profile": matrix.profile,
+        "device": matrix.device,
+    }
     facts = matrix.models.get(axes.get("model"), {}) if "model" in axes else {}
     names.update(facts)
     names.update(axes)
@@ -128,8 +132,9 @@ def _drop_reason(matrix: Matrix, axes: dict):
         try:
             dropped = eval(rule.code, {"__builtins__": {}, **RULE_FUNCTIONS}, names)  # checked by compile_rule
         except NameError as e:
-            raise MatrixError(f"{rule.where}: rule {rule.name!r} uses an unknown name: {e}; "
-                              f"known: {', '.join(sorted(names))}") from None
+            raise MatrixError(
+                f"{rule.where}: rule {rule.name!r} uses an unknown name: {e}; known: {', '.join(sorted(names))}"
+            ) from None
         except Exception as e:  # noqa: BLE001 - any error in user expressions is a matrix error
             raise MatrixError(f"{rule.where}: rule {rule.name!r} failed on {axes}: {type(e).__name__}: {e}") from None
         if dropped:
@@ -172,7 +177,9 @@ def _key(value):
 def expand(matrix: Matrix):
     """Return (cells, dropped) for a matrix, in a stable order."""
     if matrix.source and not matrix.upstream:
-        raise MatrixError(f"{matrix.where('source')}: source upstream: its tests were not read (spec.upstream.with_source)")
+        raise MatrixError(
+            f"{matrix.where('source')}: source upstream: its tests were not read (spec.upstream.with_source)"
+        )
     names = list(matrix.axes)
     candidates = []  # (axes, where)
     excluded = excluder(matrix.exclude)
@@ -209,8 +216,10 @@ def expand(matrix: Matrix):
             dropped.append(Dropped(cid, axes, world_size(matrix, axes), *drop))
             continue
         if cid in by_id:
-            raise MatrixError(f"{where}: two cells get the id {cid!r} ({by_id[cid].axes} and {axes}); "
-                              f"adjust `ids` so that every axis value shows")
+            raise MatrixError(
+                f"{where}: two cells get the id {cid!r} ({by_id[cid].axes} and {axes}); "
+                f"adjust `ids` so that every axis value shows"
+            )
         smoke = any(e.matches(axes) for e in matrix.smoke)
         cell = Cell(cid, axes, world_size(matrix, axes), smoke, where)
         by_id[cid] = cell

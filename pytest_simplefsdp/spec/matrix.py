@@ -35,26 +35,37 @@ TOP_KEYS = {
     "timeout": "default per-cell timeout in seconds for this profile",
     "groups": "name -> partial cells: a keyword every matching cell gets (pytest -k NAME)",
     "source": "upstream: one cell per SimpleFSDP integration test of the installed torchtitan, with its flags, "
-              "rank count and name (no `axes`; rules see the axes each test configures, plus runs, disabled, kind)",
-    "features": "name -> torchtitan flags (\"--compile.passes auto_bucketing\") that a cell whose `feature` axis "
-                "takes that name adds: what upstream tests set beyond the axes (passes, async TP, EP overlap, ...); "
-                "or {flags: [...], then: [[...], ...]}: each `then` entry is one more run of the cell in the same "
-                "dump folder (resuming its checkpoint), with those flags on top; `before: precompile` runs the "
-                "target's step of that name first (one process) and the cell with what it made",
+    "rank count and name (no `axes`; rules see the axes each test configures, plus runs, disabled, kind)",
+    "features": 'name -> torchtitan flags ("--compile.passes auto_bucketing") that a cell whose `feature` axis '
+    "takes that name adds: what upstream tests set beyond the axes (passes, async TP, EP overlap, ...); "
+    "or {flags: [...], then: [[...], ...]}: each `then` entry is one more run of the cell in the same "
+    "dump folder (resuming its checkpoint), with those flags on top; `before: precompile` runs the "
+    "target's step of that name first (one process) and the cell with what it made",
     "numerics": "compare losses, gradient, update and parameter norms with a baseline: {global_batch_size, baseline, "
-                "lanes: [{name, match, rtol, atol, max_miss, grad_rtol, grad_atol, grad_steps, update_rtol, "
-                "update_atol, update_steps}], noise: FILE (each layout's measured noise: its tolerance, see "
-                "docs/design.md)}",
+    "lanes: [{name, match, rtol, atol, max_miss, grad_rtol, grad_atol, grad_steps, update_rtol, "
+    "update_atol, update_steps}], noise: FILE (each layout's measured noise: its tolerance, see "
+    "docs/design.md)}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
-             "profile's when each cell runs as one simulated rank on a CPU machine",
+    "profile's when each cell runs as one simulated rank on a CPU machine",
     "versions": "package -> versions every cell runs on ({torch: [installed, 2.15.0]}): an axis `versions` whose "
-                "values are version sets (torch==2.15.0); each set runs in an environment of its own (uv)",
+    "values are version sets (torch==2.15.0); each set runs in an environment of its own (uv)",
 }
 TRACE_KEYS = {"models", "settings", "rules", "rank"}
 NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes", "noise"}
 NOISE_KINDS = ("loss", "grad_norm", "update_norm")  # what a noise file measures per layout
-LANE_KEYS = {"name", "match", "rtol", "atol", "max_miss", "grad_rtol", "grad_atol", "grad_steps", "update_rtol",
-             "update_atol", "update_steps"}
+LANE_KEYS = {
+    "name",
+    "match",
+    "rtol",
+    "atol",
+    "max_miss",
+    "grad_rtol",
+    "grad_atol",
+    "grad_steps",
+    "update_rtol",
+    "update_atol",
+    "update_steps",
+}
 RULE_KEYS = {"name", "drop_if", "reason"}
 ID_KEYS = {"prefix", "omit"}
 DEVICES = tuple(d.value for d in Device)
@@ -112,6 +123,7 @@ class Noise:
     """Each layout's own noise: the largest relative difference from its baseline a clean run of the whole profile
     showed (loss, step-1 gradient norms, update norms), measured on ``measured_on``'s versions. A cell's tolerance
     is ``margin`` times its layout's noise (at least ``floor``), never more than its lane's."""
+
     path: Path
     margin: float
     floor: float
@@ -194,9 +206,11 @@ def _entries(path, doc, key, axes, known_values=False):
                     f"axes: {', '.join(axes)}{did_you_mean(axis, axes)}"
                 )
             if known_values and plain(item[axis]) not in axes[axis]:
-                raise MatrixError(f"{line_of(path, item, key=axis)}: `{key}` entry {axis}: {plain(item[axis])!r} is "
-                                  f"not a value of axis {axis!r}; its values: {', '.join(map(str, axes[axis]))}"
-                                  + did_you_mean(plain(item[axis]), axes[axis]))
+                raise MatrixError(
+                    f"{line_of(path, item, key=axis)}: `{key}` entry {axis}: {plain(item[axis])!r} is "
+                    f"not a value of axis {axis!r}; its values: {', '.join(map(str, axes[axis]))}"
+                    + did_you_mean(plain(item[axis]), axes[axis])
+                )
         out.append(Entry(plain(item), where))
     return out
 
@@ -252,10 +266,13 @@ def _source(path, doc, lines):
     if doc["source"] != "upstream":
         raise MatrixError(f"{lines['source']}: source {doc['source']!r}: the only source is upstream")
     if "axes" in doc:
-        raise MatrixError(f"{lines['axes']}: a matrix with `source: upstream` takes its cells from upstream; "
-                          f"it has no `axes`")
+        raise MatrixError(
+            f"{lines['axes']}: a matrix with `source: upstream` takes its cells from upstream; it has no `axes`"
+        )
     if doc.get("target") not in ("titan03", "titan02"):
-        raise MatrixError(f"{lines['source']}: source upstream needs target titan03 or titan02, got {doc.get('target')!r}")
+        raise MatrixError(
+            f"{lines['source']}: source upstream needs target titan03 or titan02, got {doc.get('target')!r}"
+        )
     return "upstream"
 
 
@@ -277,7 +294,9 @@ def _axes(path, doc, lines):
 def _versions(node, where):
     """The matrix's `versions` key as the labels of the `versions` axis: one version set per combination."""
     if not isinstance(node, dict) or not node:
-        raise MatrixError(f"{where}: `versions` must map packages to lists of versions, e.g. {{torch: [installed, 2.15.0]}}")
+        raise MatrixError(
+            f"{where}: `versions` must map packages to lists of versions, e.g. {{torch: [installed, 2.15.0]}}"
+        )
     combos = [[]]
     for package, values in node.items():
         values = values if isinstance(values, list) else [values]
@@ -320,8 +339,9 @@ def _degrees(path, doc, lines, axes):
             raise MatrixError(f"{lines['degrees']}: degree {d!r} is not an axis; axes: {', '.join(axes)}")
         bad = [v for v in axes[d] if not isinstance(v, int) or v < 1]
         if bad:
-            raise MatrixError(f"{line_of(path, doc['axes'], key=d)}: degree axis {d!r} has non-positive-integer "
-                              f"values {bad}")
+            raise MatrixError(
+                f"{line_of(path, doc['axes'], key=d)}: degree axis {d!r} has non-positive-integer values {bad}"
+            )
     return degrees
 
 
@@ -334,8 +354,12 @@ def _trace(path, doc, lines):
     _check_keys(path, node, TRACE_KEYS, "trace")
     for key in ("models", "settings"):
         _mapping_or_none(path, node, key, line_of(path, node, key=key) if key in node else None, "trace.")
-    return {"models": plain(node.get("models") or {}), "settings": plain(node.get("settings") or {}),
-            "rules": _rules(path, node), "rank": int(node.get("rank", 0))}
+    return {
+        "models": plain(node.get("models") or {}),
+        "settings": plain(node.get("settings") or {}),
+        "rules": _rules(path, node),
+        "rank": int(node.get("rank", 0)),
+    }
 
 
 def _ids(path, doc, axes):
@@ -365,8 +389,9 @@ def _features(path, doc, axes, lines):
 
     def flag_list(value, where, what):
         if not isinstance(value, list) or not all(isinstance(f, str) and f.startswith("--") for f in value):
-            raise MatrixError(f"{where}: {what} must be a list of flags (\"--section.option value\"), "
-                              f"got {plain(value)!r}")
+            raise MatrixError(
+                f'{where}: {what} must be a list of flags ("--section.option value"), got {plain(value)!r}'
+            )
         return plain(value)
 
     for name, spec in node.items():
@@ -382,15 +407,19 @@ def _features(path, doc, axes, lines):
                 steps = plain(spec["before"])
                 steps = [steps] if isinstance(steps, str) else steps
                 if not isinstance(steps, list) or not steps or not all(isinstance(x, str) for x in steps):
-                    raise MatrixError(f"{where}: features.{name}.before must name the steps run before the cell "
-                                      f"(e.g. precompile), got {plain(spec['before'])!r}")
+                    raise MatrixError(
+                        f"{where}: features.{name}.before must name the steps run before the cell "
+                        f"(e.g. precompile), got {plain(spec['before'])!r}"
+                    )
                 before[str(name)] = steps
             spec = spec.get("flags") or []
         features[str(name)] = flag_list(spec, where, f"feature {name!r}")
     unknown = [v for v in axes.get("feature", []) if v != "none" and v not in features]
     if unknown:
-        raise MatrixError(f"{line_of(path, doc['axes'], key='feature')}: axis 'feature' names {unknown}, which "
-                          f"`features` does not define (defined: {', '.join(features) or 'none'})")
+        raise MatrixError(
+            f"{line_of(path, doc['axes'], key='feature')}: axis 'feature' names {unknown}, which "
+            f"`features` does not define (defined: {', '.join(features) or 'none'})"
+        )
     return {"features": features, "feature_runs": runs, "feature_before": before}
 
 
@@ -417,10 +446,40 @@ def _mappings(path, parent, key, allowed, what):
 # tuple/list/set, a conditional, and calls of these functions. No attributes, subscripts, lambdas or
 # comprehensions: `().__class__.__base__.__subclasses__()` once reached os.system from a matrix file.
 RULE_FUNCTIONS = {"len": len, "min": min, "max": max}
-_RULE_NODES = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd, ast.BinOp,
-               ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Compare, ast.Eq, ast.NotEq, ast.Lt,
-               ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List,
-               ast.Set, ast.IfExp, ast.Call)
+_RULE_NODES = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.UAdd,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Tuple,
+    ast.List,
+    ast.Set,
+    ast.IfExp,
+    ast.Call,
+)
 
 
 def compile_rule(expr: str, name: str):
@@ -431,9 +490,12 @@ def compile_rule(expr: str, name: str):
             raise ValueError(f"{type(node).__name__} ({ast.get_source_segment(expr, node) or '?'}) is not allowed")
         if isinstance(node, ast.Name) and node.id.startswith("__"):
             raise ValueError(f"name {node.id!r} is not allowed")
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in RULE_FUNCTIONS
-                                               and not node.keywords):
-            raise ValueError(f"call {ast.get_source_segment(expr, node)!r}: only {', '.join(RULE_FUNCTIONS)} may be called")
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name) and node.func.id in RULE_FUNCTIONS and not node.keywords
+        ):
+            raise ValueError(
+                f"call {ast.get_source_segment(expr, node)!r}: only {', '.join(RULE_FUNCTIONS)} may be called"
+            )
     return compile(tree, f"<rule {name}>", "eval")
 
 
@@ -449,10 +511,14 @@ def _rules(path, doc):
         try:
             rule.code = compile_rule(rule.drop_if, rule.name)
         except SyntaxError as e:
-            raise MatrixError(f"{where}: rule {rule.name!r}: drop_if is not a valid expression: {rule.drop_if!r} ({e.msg})") from None
+            raise MatrixError(
+                f"{where}: rule {rule.name!r}: drop_if is not a valid expression: {rule.drop_if!r} ({e.msg})"
+            ) from None
         except ValueError as e:
-            raise MatrixError(f"{where}: rule {rule.name!r}: drop_if {rule.drop_if!r}: {e}; a rule may use names, "
-                              f"comparisons, in, and/or/not, arithmetic and {', '.join(RULE_FUNCTIONS)}") from None
+            raise MatrixError(
+                f"{where}: rule {rule.name!r}: drop_if {rule.drop_if!r}: {e}; a rule may use names, "
+                f"comparisons, in, and/or/not, arithmetic and {', '.join(RULE_FUNCTIONS)}"
+            ) from None
         rules.append(rule)
     names = [r.name for r in rules]
     dupes = {n for n in names if names.count(n) > 1}
@@ -471,12 +537,16 @@ def _numerics(path, doc, axes):
     _check_keys(path, node, NUMERICS_KEYS, "numerics")
     gbs = node.get("global_batch_size")
     if not isinstance(gbs, int) or gbs < 1:
-        raise MatrixError(f"{line_of(path, node, key='global_batch_size') if 'global_batch_size' in node else where}: "
-                          f"numerics.global_batch_size must be a positive integer, got {gbs!r}")
+        raise MatrixError(
+            f"{line_of(path, node, key='global_batch_size') if 'global_batch_size' in node else where}: "
+            f"numerics.global_batch_size must be a positive integer, got {gbs!r}"
+        )
     baseline = plain(node.get("baseline") or {})
     for axis in baseline:
         if axis not in axes:
-            raise MatrixError(f"{line_of(path, node['baseline'], key=axis)}: numerics.baseline names unknown axis {axis!r}")
+            raise MatrixError(
+                f"{line_of(path, node['baseline'], key=axis)}: numerics.baseline names unknown axis {axis!r}"
+            )
     lanes = []
     for lwhere, item in _mappings(path, node, "lanes", LANE_KEYS, "lane"):
         name = item.get("name")
@@ -487,16 +557,23 @@ def _numerics(path, doc, axes):
             if key.startswith(("grad_", "update_")) and key not in item:
                 continue
             value = item.get(key, 0.0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or \
-                    (key == "max_miss" and value > 1):
-                raise MatrixError(f"{line_of(path, item, key=key)}: lane {name!r}: {key} must be a number >= 0"
-                                  f"{' and <= 1' if key == 'max_miss' else ''}, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value < 0
+                or (key == "max_miss" and value > 1)
+            ):
+                raise MatrixError(
+                    f"{line_of(path, item, key=key)}: lane {name!r}: {key} must be a number >= 0"
+                    f"{' and <= 1' if key == 'max_miss' else ''}, got {value!r}"
+                )
             numbers[key] = float(value)
         for key, default in (("grad_steps", 1), ("update_steps", None)):
             steps = item.get(key, default)
             if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
-                raise MatrixError(f"{line_of(path, item, key=key)}: lane {name!r}: {key} must be an integer "
-                                  f">= 0, got {steps!r}")
+                raise MatrixError(
+                    f"{line_of(path, item, key=key)}: lane {name!r}: {key} must be an integer >= 0, got {steps!r}"
+                )
             numbers[key] = steps
         match = _entries(path, item, "match", axes) if "match" in item else []  # no `match`: every cell
         lanes.append(Lane(str(name), [e.values for e in match] or [{}], where=lwhere, **numbers))
@@ -511,26 +588,35 @@ def _noise(path, node):
     where = line_of(path, node, key="noise")
     file = Path(path).parent / str(node["noise"])
     if not file.is_file():
-        raise MatrixError(f"{where}: numerics.noise: no file {file} (a copy of a shipped profile needs its "
-                          f"noise/ folder beside it; without the key each lane judges alone)")
+        raise MatrixError(
+            f"{where}: numerics.noise: no file {file} (a copy of a shipped profile needs its "
+            f"noise/ folder beside it; without the key each lane judges alone)"
+        )
     doc = load_yaml(file)
     if not isinstance(doc, dict) or not isinstance(doc.get("layouts"), dict):
-        raise MatrixError(f"{file}: a noise file is a mapping with `measured_on`, `margin`, `floor` and `layouts` "
-                          f"(cell id -> {{{', '.join(NOISE_KINDS)}}})")
+        raise MatrixError(
+            f"{file}: a noise file is a mapping with `measured_on`, `margin`, `floor` and `layouts` "
+            f"(cell id -> {{{', '.join(NOISE_KINDS)}}})"
+        )
     _check_keys(file, doc, {"measured_on", "margin", "floor", "layouts"}, "noise")
     numbers = {}
     for key in ("margin", "floor"):
         value = doc.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise MatrixError(f"{line_of(file, doc, key=key) if key in doc else file}: {key} must be a number > 0, "
-                              f"got {value!r}")
+            raise MatrixError(
+                f"{line_of(file, doc, key=key) if key in doc else file}: {key} must be a number > 0, got {value!r}"
+            )
         numbers[key] = float(value)
     layouts = {}
     for cell, row in doc["layouts"].items():
-        if not isinstance(row, dict) or any(k not in NOISE_KINDS or isinstance(v, bool)
-                                            or not isinstance(v, (int, float)) or v < 0 for k, v in row.items()):
-            raise MatrixError(f"{line_of(file, doc['layouts'], key=cell)}: layout {cell!r}: a mapping of "
-                              f"{', '.join(NOISE_KINDS)} to numbers >= 0, got {plain(row)!r}")
+        if not isinstance(row, dict) or any(
+            k not in NOISE_KINDS or isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0
+            for k, v in row.items()
+        ):
+            raise MatrixError(
+                f"{line_of(file, doc['layouts'], key=cell)}: layout {cell!r}: a mapping of "
+                f"{', '.join(NOISE_KINDS)} to numbers >= 0, got {plain(row)!r}"
+            )
         layouts[str(cell)] = {k: float(v) for k, v in row.items()}
     return Noise(file, numbers["margin"], numbers["floor"], plain(doc.get("measured_on") or {}), layouts)
 
@@ -545,6 +631,12 @@ def with_tier(matrix: Matrix, tier: Tier | str) -> Matrix:
     models = {m: {**matrix.models.get(m, {}), **facts} for m, facts in matrix.models.items()}
     for m, facts in matrix.trace["models"].items():
         models[m] = {**models.get(m, {}), **facts}
-    return replace(matrix, tier=Tier.of(tier), device=Device.CPU, models=models, numerics=None,
-                   settings={**matrix.settings, **matrix.trace["settings"]},
-                   rules=matrix.rules + matrix.trace["rules"])
+    return replace(
+        matrix,
+        tier=Tier.of(tier),
+        device=Device.CPU,
+        models=models,
+        numerics=None,
+        settings={**matrix.settings, **matrix.trace["settings"]},
+        rules=matrix.rules + matrix.trace["rules"],
+    )

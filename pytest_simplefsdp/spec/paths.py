@@ -28,8 +28,9 @@ class PathRule:
     def reaches_cell(self, axes: dict) -> bool:
         if self.reaches in (ALL, NONE):
             return self.reaches == ALL
-        return any(all(axes.get(k) in (v if isinstance(v, list) else [v]) for k, v in part.items())
-                   for part in self.reaches)
+        return any(
+            all(axes.get(k) in (v if isinstance(v, list) else [v]) for k, v in part.items()) for part in self.reaches
+        )
 
 
 @dataclass
@@ -43,15 +44,21 @@ class Selection:
 
     def why(self) -> dict:
         """path -> what its rule says it reaches, and why (for the header and the JSON)."""
-        return {f: UNMAPPED if r is None else f"{describe(r.reaches)} ({r.why}; {r.where})"
-                for f, r in self.files.items()}
+        return {
+            f: UNMAPPED if r is None else f"{describe(r.reaches)} ({r.why}; {r.where})" for f, r in self.files.items()
+        }
 
 
 def describe(reaches) -> str:
     if reaches in (ALL, NONE):
         return f"{reaches} cells" if reaches == ALL else "no cell"
-    return " or ".join(", ".join(f"{k}={'|'.join(map(str, v)) if isinstance(v, list) else v}"
-                                 for k, v in part.items()) for part in reaches) + " cells"
+    return (
+        " or ".join(
+            ", ".join(f"{k}={'|'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in part.items())
+            for part in reaches
+        )
+        + " cells"
+    )
 
 
 def map_file(target_name: str) -> Path:
@@ -68,21 +75,32 @@ def load_rules(path, axes=None) -> list[PathRule]:
     out = []
     for i, node in enumerate(rules):
         where = line_of(path, rules, index=i)
-        if not isinstance(node, dict) or set(node) - {"path", "reaches", "why"} or "path" not in node \
-                or "reaches" not in node or not str(node.get("why") or "").strip():
-            raise MatrixError(f"{where}: a rule is {{path: GLOB, reaches: all | none | [partial cells], why: TEXT}}, "
-                              f"got {plain(node)!r}")
+        if (
+            not isinstance(node, dict)
+            or set(node) - {"path", "reaches", "why"}
+            or "path" not in node
+            or "reaches" not in node
+            or not str(node.get("why") or "").strip()
+        ):
+            raise MatrixError(
+                f"{where}: a rule is {{path: GLOB, reaches: all | none | [partial cells], why: TEXT}}, "
+                f"got {plain(node)!r}"
+            )
         reaches = plain(node["reaches"])
         if isinstance(reaches, dict):
             reaches = [reaches]
-        if reaches not in (ALL, NONE) and not (isinstance(reaches, list) and reaches
-                                               and all(isinstance(p, dict) and p for p in reaches)):
-            raise MatrixError(f"{where}: rule {node['path']!r}: reaches must be all, none or partial cells "
-                              f"({{axis: value or [values]}}), got {reaches!r}")
+        if reaches not in (ALL, NONE) and not (
+            isinstance(reaches, list) and reaches and all(isinstance(p, dict) and p for p in reaches)
+        ):
+            raise MatrixError(
+                f"{where}: rule {node['path']!r}: reaches must be all, none or partial cells "
+                f"({{axis: value or [values]}}), got {reaches!r}"
+            )
         unknown = sorted({k for p in reaches for k in p} - set(axes)) if axes and isinstance(reaches, list) else []
         if unknown:
-            raise MatrixError(f"{where}: rule {node['path']!r}: unknown axis {unknown[0]!r}; known: "
-                              f"{', '.join(sorted(axes))}")
+            raise MatrixError(
+                f"{where}: rule {node['path']!r}: unknown axis {unknown[0]!r}; known: {', '.join(sorted(axes))}"
+            )
         out.append(PathRule(str(node["path"]), reaches, str(node["why"]).strip(), where))
     return out
 

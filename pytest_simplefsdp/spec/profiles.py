@@ -16,11 +16,11 @@ import pytest
 from ..kinds import RecordType
 from ..machine import cuda_device_ids, installed, installed_commit, machine, torchtitan_trainers, versions
 from ..paths import MATRIX_DIR
-from .cells import Dropped, cell_key, expand, id_parts
-from .matrix import load_matrix, with_tier, with_versions
 from ..versions.git import Commit
 from ..versions.sets import INSTALLED, parse
 from ..words import did_you_mean
+from .cells import Dropped, cell_key, expand, id_parts
+from .matrix import load_matrix, with_tier, with_versions
 from .upstream import with_source
 
 COLUMN_AXES = ("compile", "backend", "memory_policy")
@@ -56,8 +56,10 @@ def matrix_files(settings, rootdir) -> list[Path]:
         elif name in known:
             out.append(known[name])
         else:
-            raise pytest.UsageError(f"--simplefsdp-profile: unknown profile {name!r}; known: auto, all, "
-                                    f"{', '.join(known)}{did_you_mean(name, ['auto', 'all', *known])}")
+            raise pytest.UsageError(
+                f"--simplefsdp-profile: unknown profile {name!r}; known: auto, all, "
+                f"{', '.join(known)}{did_you_mean(name, ['auto', 'all', *known])}"
+            )
     return out
 
 
@@ -85,8 +87,9 @@ class MatrixRun:
         self.matrix = with_versions(with_tier(with_source(load_matrix(path)), tier), versions)
         self.target = config.hook.pytest_simplefsdp_make_target(matrix=self.matrix, cache_dir=cache_dir)
         self.cells, self.dropped = expand(self.matrix)
-        config.hook.pytest_simplefsdp_modify_cells(config=config, matrix=self.matrix, cells=self.cells,
-                                                   dropped=self.dropped)
+        config.hook.pytest_simplefsdp_modify_cells(
+            config=config, matrix=self.matrix, cells=self.cells, dropped=self.dropped
+        )
         self.name = run_name(self.matrix.path, config.rootpath)
         if tier != "real":
             self.name += f"[{tier}]"
@@ -99,19 +102,37 @@ class MatrixRun:
         """Bind the cells to what is installed (target.bind); a cell whose value the installed torchtitan does not
         offer joins the n/a cells, with the target's reason."""
         offered = self.target.bind(self.cells) or {}
-        self.dropped += [Dropped(c.id, c.axes, c.world, self.NOT_OFFERED, offered[c.id]) for c in self.cells
-                         if c.id in offered]
+        self.dropped += [
+            Dropped(c.id, c.axes, c.world, self.NOT_OFFERED, offered[c.id]) for c in self.cells if c.id in offered
+        ]
         self.cells = [c for c in self.cells if c.id not in offered]
 
     def meta(self, launcher):
-        return {"type": str(RecordType.META), "matrix": self.name, "profile": self.matrix.profile,
-                "target": self.target.name, "device": str(self.matrix.device), "launcher": launcher,
-                "versions": versions(), **machine(), "date": datetime.date.today().isoformat(),
-                **({"torchtitan_commit": c.about()} if (c := self.commit_of()) else {}),
-                "cells": len(self.cells), "dropped_cells": len(self.dropped), "tier": str(self.matrix.tier),
-                "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells)),
-                "valid": [{"model": c.axes.get("model", ""), **dict(zip(("row", "column"), self.labels(c.axes))),
-                           "id": c.id, "axes": c.axes} for c in self.cells]}
+        return {
+            "type": str(RecordType.META),
+            "matrix": self.name,
+            "profile": self.matrix.profile,
+            "target": self.target.name,
+            "device": str(self.matrix.device),
+            "launcher": launcher,
+            "versions": versions(),
+            **machine(),
+            "date": datetime.date.today().isoformat(),
+            **({"torchtitan_commit": c.about()} if (c := self.commit_of()) else {}),
+            "cells": len(self.cells),
+            "dropped_cells": len(self.dropped),
+            "tier": str(self.matrix.tier),
+            "columns": list(dict.fromkeys(self.labels(c.axes)[1] for c in self.cells)),
+            "valid": [
+                {
+                    "model": c.axes.get("model", ""),
+                    **dict(zip(("row", "column"), self.labels(c.axes))),
+                    "id": c.id,
+                    "axes": c.axes,
+                }
+                for c in self.cells
+            ],
+        }
 
     def labels(self, axes):
         """(row, column) labels for the table: columns are compile x backend x memory policy (an upstream test
@@ -135,16 +156,30 @@ class MatrixRun:
         return rec
 
     def dropped_records(self):
-        return [{"id": d.id, "axes": d.axes, "rule": d.rule, "reason": d.reason,
-                 **dict(zip(("row", "column"), self.labels(d.axes)))} for d in self.dropped]
+        return [
+            {
+                "id": d.id,
+                "axes": d.axes,
+                "rule": d.rule,
+                "reason": d.reason,
+                **dict(zip(("row", "column"), self.labels(d.axes))),
+            }
+            for d in self.dropped
+        ]
 
     def env(self, axes=None):
         """What known-failure conditions can name besides axes; the versions are the cell's (``axes``: its version
         set), else those pytest runs with."""
         v = parse((axes or {}).get("versions", INSTALLED)).versions(versions())
-        return {"profile": self.matrix.profile, "target": self.target.name, "device": self.matrix.device,
-                "tier": self.matrix.tier, "torch": v.get("torch"), "torchtitan": v.get("torchtitan"),
-                "torchtitan_commit": self.commit_of(axes)}
+        return {
+            "profile": self.matrix.profile,
+            "target": self.target.name,
+            "device": self.matrix.device,
+            "tier": self.matrix.tier,
+            "torch": v.get("torch"),
+            "torchtitan": v.get("torchtitan"),
+            "torchtitan_commit": self.commit_of(axes),
+        }
 
     def commit_of(self, axes=None) -> Commit | None:
         """The torchtitan commit a cell runs (its version set's ``torchtitan@<commit>``, else the installed one's), with

@@ -28,8 +28,10 @@ REPOS = {"": "https://github.com/pytorch/torchtitan", "pytorch": "https://github
 
 # the files per generation, relative to the installed torchtitan package
 SOURCES = {
-    "0.3": [("experiments/graph_trainer/tests/integration_tests.py", "integration"),
-            ("experiments/graph_trainer/tests/run_precompile_tests.py", "precompile")],
+    "0.3": [
+        ("experiments/graph_trainer/tests/integration_tests.py", "integration"),
+        ("experiments/graph_trainer/tests/run_precompile_tests.py", "precompile"),
+    ],
     "0.2": [("experiments/simple_fsdp/tests/integration_tests.py", "integration")],
 }
 
@@ -59,8 +61,16 @@ class _Definitions:
     command line (``override_args``, the older form) or a full configuration (``configs``, callables returning the
     trainer's config, upstream #4177), with that run's ``override_args`` (none) on top."""
 
-    def __init__(self, override_args=((" ",),), test_descr="default", test_name="default", ngpu=4, disabled=False,
-                 configs=(), **extra):
+    def __init__(
+        self,
+        override_args=((" ",),),
+        test_descr="default",
+        test_name="default",
+        ngpu=4,
+        disabled=False,
+        configs=(),
+        **extra,
+    ):
         if configs and override_args == ((" ",),):
             override_args = tuple(() for _ in configs)
         if configs and len(override_args) != len(configs):
@@ -129,9 +139,21 @@ def load_file(path: Path, kind: str = "integration") -> list[UpstreamTest]:
                 read = [recipe_flags(fn) for fn in d.configs]  # per run: its configuration's flags, then its args
                 runs = tuple((*flags, *run) for (flags, _), run in zip(read, runs))
                 recipe = read[0][1]
-            out.append(UpstreamTest(d.test_name, d.test_descr, runs, int(d.ngpu), bool(d.disabled), kind,
-                                    f"{path}:{line}", note, links(note),
-                                    getattr(d, "precompile_command", "") or "", recipe))
+            out.append(
+                UpstreamTest(
+                    d.test_name,
+                    d.test_descr,
+                    runs,
+                    int(d.ngpu),
+                    bool(d.disabled),
+                    kind,
+                    f"{path}:{line}",
+                    note,
+                    links(note),
+                    getattr(d, "precompile_command", "") or "",
+                    recipe,
+                )
+            )
     return out
 
 
@@ -170,10 +192,17 @@ def _execute(path: Path):
     stand_in.OverrideDefinitions = _Definitions
     runner = types.ModuleType("tests.integration_tests.run_tests")
     runner.run_tests = lambda *a, **k: None
-    saved = {name: sys.modules.get(name) for name in ("tests", "tests.integration_tests",
-                                                        "tests.integration_tests.run_tests")}
-    sys.modules.update({"tests": types.ModuleType("tests"), "tests.integration_tests": stand_in,
-                        "tests.integration_tests.run_tests": runner})
+    saved = {
+        name: sys.modules.get(name)
+        for name in ("tests", "tests.integration_tests", "tests.integration_tests.run_tests")
+    }
+    sys.modules.update(
+        {
+            "tests": types.ModuleType("tests"),
+            "tests.integration_tests": stand_in,
+            "tests.integration_tests.run_tests": runner,
+        }
+    )
     try:
         spec = importlib.util.spec_from_file_location(f"simplefsdp_upstream_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
@@ -205,8 +234,11 @@ def _notes(path: Path):
         name = _name_arg(node)
         if name is None:
             continue
-        inside = [lines[i].strip().lstrip("#").strip() for i in range(node.lineno, node.end_lineno)
-                  if lines[i].strip().startswith("#")]
+        inside = [
+            lines[i].strip().lstrip("#").strip()
+            for i in range(node.lineno, node.end_lineno)
+            if lines[i].strip().startswith("#")
+        ]
         note = " ".join(filter(None, [_comment_above(lines, node.lineno), *inside]))
         disabled = next((k.value for k in node.keywords if k.arg == "disabled"), None)
         if isinstance(disabled, ast.Name) and constants.get(disabled.id):
@@ -254,12 +286,22 @@ def links(note: str) -> tuple:
 # --- what a test configures, in the matrix's words ------------------------------------------------------------
 
 # flags that set up a run but do not change what it tests
-INCIDENTAL = {"training.disable_cuda_graphs", "job.custom_config_module", "training.steps", "dump_folder",
-              "checkpoint.folder", "compile.precompile_artifact_dir", "metrics.log_freq", "training.local_batch_size",
-              "training.seq_len", "hf_assets_path",
-              # the same settings under main's names (upstream PR 4121: batches counted in tokens)
-              "training.max_context_length", "training.num_tokens_per_microbatch_per_dp_rank",
-              "training.num_tokens_per_train_step"}
+INCIDENTAL = {
+    "training.disable_cuda_graphs",
+    "job.custom_config_module",
+    "training.steps",
+    "dump_folder",
+    "checkpoint.folder",
+    "compile.precompile_artifact_dir",
+    "metrics.log_freq",
+    "training.local_batch_size",
+    "training.seq_len",
+    "hf_assets_path",
+    # the same settings under main's names (upstream PR 4121: batches counted in tokens)
+    "training.max_context_length",
+    "training.num_tokens_per_microbatch_per_dp_rank",
+    "training.num_tokens_per_train_step",
+}
 
 
 def variant(config: str, model: str) -> str:
@@ -358,8 +400,12 @@ def later_runs(runs, first: dict) -> dict:
 
 
 # what upstream's configs do where a test sets nothing (graph_trainer's CompileConfig and torchtitan's defaults)
-DEFAULTS = {**dict.fromkeys(BY_OPTION.values(), 1), "pp_schedule": "none", "backend": "aot_eager",
-            "trainer": "simplefsdp"}
+DEFAULTS = {
+    **dict.fromkeys(BY_OPTION.values(), 1),
+    "pp_schedule": "none",
+    "backend": "aot_eager",
+    "trainer": "simplefsdp",
+}
 
 
 def normal(axes: dict) -> dict:
@@ -379,8 +425,14 @@ def upstream_axes(test: UpstreamTest) -> dict:
     """A ``source: upstream`` cell's axes: its name, what it configures in the matrix's axes (defaults written
     out), and how it runs (runs, disabled, kind), for rules and known-failure conditions to name."""
     conf = configuration(test)
-    return {"upstream": test.name, **normal(conf.axes), "config": conf.features.get("config", ""),
-            "runs": len(test.runs), "disabled": test.disabled, "kind": test.kind}
+    return {
+        "upstream": test.name,
+        **normal(conf.axes),
+        "config": conf.features.get("config", ""),
+        "runs": len(test.runs),
+        "disabled": test.disabled,
+        "kind": test.kind,
+    }
 
 
 GENERATIONS = {"titan03": "0.3", "titan02": "0.2"}  # target -> the torchtitan generation whose suite it runs
@@ -397,4 +449,3 @@ def with_source(matrix):
     except (LookupError, ImportError) as e:
         raise SourceUnavailable(f"{matrix.where('source')}: source upstream (torchtitan {gen}): {e}") from None
     return replace(matrix, upstream=tests, axes={"upstream": list(tests)})
-

@@ -33,10 +33,10 @@ def versions_key(versions: dict) -> str:
 class History:
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.db = None
+        self.db: sqlite3.Connection | None = None
         self.unreadable = False  # set on the first read that failed: judged without history from then on
 
-    def _connect(self, write=False):
+    def _connect(self, write=False) -> sqlite3.Connection | None:
         if write:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_file():
@@ -49,11 +49,22 @@ class History:
         """One judged cell record of a run (mutated runs and baselines are not the cell's history)."""
         if self.db is None:
             self.db = self._connect(write=True)
+        assert self.db is not None  # (a writer's connection is always made)
         with self.db:
-            self.db.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (run, at, profile, rec["id"], versions_key(rec.get("versions") or {}),
-                             str(rec["status"]), rec.get("failure_class"), rec.get("signature") or None,
-                             rec.get("log_dir") or ""))
+            self.db.execute(
+                "INSERT INTO cells VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run,
+                    at,
+                    profile,
+                    rec["id"],
+                    versions_key(rec.get("versions") or {}),
+                    str(rec["status"]),
+                    rec.get("failure_class"),
+                    rec.get("signature") or None,
+                    rec.get("log_dir") or "",
+                ),
+            )
 
     def of(self, profile: str, cell: str, versions: dict, before_run: str | None = None, limit=WINDOW) -> list:
         """The cell's newest ``limit`` rows on these versions (those of ``before_run`` left out: the run asking),
@@ -66,13 +77,18 @@ class History:
             if db is None:
                 return []
             with closing(db):
-                rows = db.execute("SELECT run, at, status, failure_class, signature FROM cells WHERE profile = ? AND "
-                                  "cell = ? AND versions = ? AND run != ? ORDER BY at DESC, rowid DESC LIMIT ?",
-                                  (profile, cell, versions_key(versions), before_run or "", limit)).fetchall()
+                rows = db.execute(
+                    "SELECT run, at, status, failure_class, signature FROM cells WHERE profile = ? AND "
+                    "cell = ? AND versions = ? AND run != ? ORDER BY at DESC, rowid DESC LIMIT ?",
+                    (profile, cell, versions_key(versions), before_run or "", limit),
+                ).fetchall()
         except sqlite3.Error as e:
             self.unreadable = True
-            warnings.warn(f"simplefsdp: the history store {self.path} could not be read ({e}); failures are judged "
-                          f"without their history")
+            warnings.warn(
+                f"simplefsdp: the history store {self.path} could not be read ({e}); failures are judged "
+                f"without their history",
+                stacklevel=2,
+            )
             return []
         return [dict(zip(("run", "at", "status", "failure_class", "signature"), r)) for r in rows]
 
@@ -82,9 +98,11 @@ class History:
         if db is None:
             return []
         with closing(db):
-            rows = db.execute("SELECT profile, cell, versions, run, at, status, failure_class, signature FROM cells "
-                              "ORDER BY profile, cell, versions, at DESC, rowid DESC").fetchall()
-        out = {}
+            rows = db.execute(
+                "SELECT profile, cell, versions, run, at, status, failure_class, signature FROM cells "
+                "ORDER BY profile, cell, versions, at DESC, rowid DESC"
+            ).fetchall()
+        out: dict = {}
         for profile, cell, versions, *rest in rows:
             kept = out.setdefault((profile, cell, versions), [])
             if len(kept) < limit:
@@ -95,4 +113,3 @@ class History:
         if self.db is not None:
             self.db.close()
             self.db = None
-

@@ -23,10 +23,10 @@ class ResultStore:
         self.about = dict(about or {})  # what every meta record adds (the known-failures file that judged the run)
         self.hook, self.config = hook, config
         self.lock = threading.RLock()  # cells may run in threads (--simplefsdp-jobs)
-        self.pending = []  # records made since the last test report (they ride on the next one)
-        self.records = []  # every record of the run, from the test reports: what the table and JSON show
+        self.pending: list = []  # records made since the last test report (they ride on the next one)
+        self.records: list = []  # every record of the run, from the test reports: what the table and JSON show
         self.jsonl = None
-        self.selections = {}  # run name -> its --simplefsdp-changed selection (the session's, filled at collection)
+        self.selections: dict = {}  # run name -> its --simplefsdp-changed selection (the session's, filled at collection)
         self.history = None  # store.history.History the controller appends each judged cell to (None: off)
 
     @property
@@ -78,16 +78,27 @@ class ResultStore:
 
     def _remember(self, rec):
         """The cell's row in the history store (its own runs only: not a mutant's, a baseline's or a skip)."""
-        if self.history is None or rec["type"] != RecordType.CELL or rec.get("mutant") \
-                or rec["status"] == Status.SKIPPED:
+        if (
+            self.history is None
+            or rec["type"] != RecordType.CELL
+            or rec.get("mutant")
+            or rec["status"] == Status.SKIPPED
+        ):
             return
         run = next(r for r in self.runs if r.name == rec["matrix"])
         try:
-            self.history.append(str(self.run_dir), datetime.datetime.now().isoformat(timespec="seconds"),
-                                run.matrix.profile, {**rec, "versions": versions_of(run, rec.get("versions") or {})})
+            self.history.append(
+                str(self.run_dir),
+                datetime.datetime.now().isoformat(timespec="seconds"),
+                run.matrix.profile,
+                {**rec, "versions": versions_of(run, rec.get("versions") or {})},
+            )
         except sqlite3.Error as e:  # the run's own records stand; only the history stops
-            warnings.warn(f"simplefsdp: the history store {self.history.path} failed ({e}); cells from here on are "
-                          "not added to it")
+            warnings.warn(
+                f"simplefsdp: the history store {self.history.path} failed ({e}); cells from here on are "
+                "not added to it",
+                stacklevel=2,
+            )
             self.history = None
 
     def meta(self, run):
@@ -102,14 +113,23 @@ class ResultStore:
             order = {c.id: i for i, c in enumerate(run.cells)}
             mine = [r for r in self.records if r["matrix"] == run.name]
             strip = [{k: v for k, v in r.items() if k not in ("type", "matrix")} for r in mine]
-            cells = sorted((s for r, s in zip(mine, strip) if r["type"] == RecordType.CELL and not r.get("mutant")),
-                           key=lambda r: order.get(r["id"], len(order)))
+            cells = sorted(
+                (s for r, s in zip(mine, strip) if r["type"] == RecordType.CELL and not r.get("mutant")),
+                key=lambda r: order.get(r["id"], len(order)),
+            )
             baselines = [s for r, s in zip(mine, strip) if r["type"] == RecordType.BASELINE]
             mutated = [s for r, s in zip(mine, strip) if r["type"] == RecordType.CELL and r.get("mutant")]
             meta = self.meta(run)
             meta.pop("type")
-            runs.append({"meta": meta, "cells": cells, "dropped": run.dropped_records(), "baselines": baselines,
-                         **({"mutants": mutated} if mutated else {})})
+            runs.append(
+                {
+                    "meta": meta,
+                    "cells": cells,
+                    "dropped": run.dropped_records(),
+                    "baselines": baselines,
+                    **({"mutants": mutated} if mutated else {}),
+                }
+            )
         return {"runs": runs}
 
     def close(self):

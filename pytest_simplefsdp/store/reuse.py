@@ -27,8 +27,9 @@ HASH_LIMIT = 256 * 2**20  # a named file bigger than this enters the key by size
 
 
 def _hash_path(h, path: Path, skip: Path):
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()
-                                                  and "__pycache__" not in p.parts)
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    )
     for f in files:
         if skip in f.parents:
             continue
@@ -49,8 +50,20 @@ def content_key(command, skip: Path) -> str:
     # and what picks the CPU kernels where the command leaves it to the host (its environment, its CPU's vector flags):
     # a baseline kept on another CPU, or under another oneDNN cap, has other bits
     host = {"env": {k: os.environ.get(k) for k in NUMERICS_ENV if k not in command.env}, "flags": cpu_flags()}
-    h.update(json.dumps({"argv": command.argv[1:], "env": command.env, "cwd": command.cwd, "code": code, "host": host,
-                         "versions": versions(), "revisions": machine()["revisions"]}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {
+                "argv": command.argv[1:],
+                "env": command.env,
+                "cwd": command.cwd,
+                "code": code,
+                "host": host,
+                "versions": versions(),
+                "revisions": machine()["revisions"],
+            },
+            sort_keys=True,
+        ).encode()
+    )
     named = set()
     for token in [*command.argv[1:], *command.env.values()]:
         for part in str(token).split(os.pathsep):

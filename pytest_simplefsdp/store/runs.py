@@ -58,8 +58,9 @@ def _load_lines(path, text):
             raise RunError(f"{path}:{n}: not a JSON record: {e.msg}") from None
         kind = rec.pop("type", RecordType.CELL) if isinstance(rec, dict) else None
         if kind not in schema.LINE_KINDS:
-            raise RunError(f"{path}:{n}: not a simplefsdp record (type {kind!r}; known: "
-                             f"{', '.join(schema.LINE_KINDS)})")
+            raise RunError(
+                f"{path}:{n}: not a simplefsdp record (type {kind!r}; known: {', '.join(schema.LINE_KINDS)})"
+            )
         try:
             rec = schema.to_plain(schema.LINE_KINDS[kind].model_validate(rec))
         except schema.ValidationError as e:

@@ -86,8 +86,12 @@ class RunDoc(Record):
     incidents: list[str] | None = None  # what went wrong in the launchers during the run (a fork server that ended)
 
 
-LINE_KINDS = {RecordType.META: RunMeta, RecordType.CELL: CellRecord, RecordType.BASELINE: CellRecord,
-              RecordType.DROPPED: DroppedRecord}
+LINE_KINDS = {
+    RecordType.META: RunMeta,
+    RecordType.CELL: CellRecord,
+    RecordType.BASELINE: CellRecord,
+    RecordType.DROPPED: DroppedRecord,
+}
 
 
 def problem(e: ValidationError) -> str:

@@ -31,9 +31,11 @@ def make_target(matrix: Matrix, cache_dir: Path):
         target.check_steps()
         return target
     if spec not in TARGETS:
-        raise MatrixError(f"{matrix.where('target')}: unknown target {spec!r}; built in: "
-                          f"{', '.join(TARGETS)}, or {{command: [...]}} (plugins add more: "
-                          f"pytest_simplefsdp_make_target)")
+        raise MatrixError(
+            f"{matrix.where('target')}: unknown target {spec!r}; built in: "
+            f"{', '.join(TARGETS)}, or {{command: [...]}} (plugins add more: "
+            f"pytest_simplefsdp_make_target)"
+        )
     target = TARGETS[spec](matrix, cache_dir)
     target.check()
     target.check_steps()

@@ -21,8 +21,8 @@ from ..spec.matrix import Matrix, MatrixError
 from ..spec.paths import load_rules, map_file
 from ..spec.upstream import options, tokens
 from ..versions.sets import INSTALLED
-from .flags import Flag, OptionError, read_options, unchecked
 from ..words import release
+from .flags import Flag, OptionError, read_options, unchecked
 
 FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
 
@@ -42,8 +42,9 @@ def merged(flags):
 def check_values(matrix: Matrix, allowed: dict):
     for axis, values in matrix.axes.items():
         if axis not in allowed:
-            raise MatrixError(f"{matrix.where('axes')}: target {matrix.target!r} has no axis {axis!r}; "
-                              f"its axes: {', '.join(allowed)}")
+            raise MatrixError(
+                f"{matrix.where('axes')}: target {matrix.target!r} has no axis {axis!r}; its axes: {', '.join(allowed)}"
+            )
         choices = allowed[axis]
         if choices is FILE_DEFINED:
             continue  # matrix.load_matrix made or checked them
@@ -72,9 +73,11 @@ def _unsupported(package, supported, target):
     except InvalidVersion:
         ok = False
     if not ok:
-        return (f"target {target} supports {package} {supported}, but {package} {version} is installed "
-                f"(torch {installed('torch')}, torchtitan {installed('torchtitan')}); see README, "
-                f"'Two commands for a fresh machine'")
+        return (
+            f"target {target} supports {package} {supported}, but {package} {version} is installed "
+            f"(torch {installed('torch')}, torchtitan {installed('torchtitan')}); see README, "
+            f"'Two commands for a fresh machine'"
+        )
     return None
 
 
@@ -83,8 +86,12 @@ def checkout_assets(rootdir) -> Path | None:
     checkout: installed editable from one, or the rootdir is one. A wheel ships neither."""
     for root in (source_checkout("torchtitan"), Path(rootdir)):
         assets = root / "tests" / "assets" if root else None
-        if assets and (root / "torchtitan").is_dir() and (assets / "tokenizer" / "tokenizer.json").is_file() \
-                and (assets / "c4_test").is_dir():
+        if (
+            assets
+            and (root / "torchtitan").is_dir()
+            and (assets / "tokenizer" / "tokenizer.json").is_file()
+            and (assets / "c4_test").is_dir()
+        ):
             return assets
     return None
 
@@ -159,8 +166,10 @@ class Target:
         for name, steps in self.matrix.feature_before.items():
             unknown = [s for s in steps if s not in self.STEPS]
             if unknown:
-                raise MatrixError(f"{self.matrix.where('features')}: features.{name}.before: target {self.name} has "
-                                  f"no step {', '.join(unknown)} (its steps: {', '.join(self.STEPS) or 'none'})")
+                raise MatrixError(
+                    f"{self.matrix.where('features')}: features.{name}.before: target {self.name} has "
+                    f"no step {', '.join(unknown)} (its steps: {', '.join(self.STEPS) or 'none'})"
+                )
 
     def upstream_test(self, axes):
         """The upstream test a cell of a ``source: upstream`` matrix runs, else None."""
@@ -218,7 +227,6 @@ class TorchtitanTarget(Target):
         # version set label -> the Python of its built environment, or None (set by the session: run.sets.VersionSets)
         self.python_for = None
 
-
     def run_flags(self, steps, local_batch):
         """Our run settings and where the assets are (steps and batch given: upstream runs and numerics set them),
         in the generation's option names (RUN_OPTIONS)."""
@@ -227,37 +235,47 @@ class TorchtitanTarget(Target):
             Flag("training.steps", steps, "setting steps"),
             Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
             Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
-            Flag(name["seed"], s.get("seed", 42), "setting seed"), Flag(name["deterministic"], True, "target"),
-            Flag("metrics.log_freq", 1, "target"), Flag("metrics.disable_color_printing", True, "target"),
-            Flag(name["tokenizer"], self.tokenizer, "target"), Flag(name["dataset"], self.dataset, "target"),
+            Flag(name["seed"], s.get("seed", 42), "setting seed"),
+            Flag(name["deterministic"], True, "target"),
+            Flag("metrics.log_freq", 1, "target"),
+            Flag("metrics.disable_color_printing", True, "target"),
+            Flag(name["tokenizer"], self.tokenizer, "target"),
+            Flag(name["dataset"], self.dataset, "target"),
         ]
+
     def check(self):
         check_values(self.matrix, self.AXES)
         for model, facts in self.matrix.models.items():
             unknown = set(facts or {}) - set(self.MODEL_KEYS) - set(self.MODEL_OPTIONAL)
             if unknown:
-                raise MatrixError(f"{self.matrix.where('models')}: models.{model}: unknown keys {sorted(unknown)}; "
-                                  f"allowed: {', '.join(self.MODEL_KEYS + self.MODEL_OPTIONAL)}")
+                raise MatrixError(
+                    f"{self.matrix.where('models')}: models.{model}: unknown keys {sorted(unknown)}; "
+                    f"allowed: {', '.join(self.MODEL_KEYS + self.MODEL_OPTIONAL)}"
+                )
         for model in self.matrix.axes.get("model", []):
             facts = self.matrix.models.get(model)
             missing = [k for k in self.MODEL_KEYS if not (facts or {}).get(k)]
             if missing:
-                raise MatrixError(f"{self.matrix.where('models')}: models.{model} needs {', '.join(missing)} "
-                                  f"(target {self.name})")
+                raise MatrixError(
+                    f"{self.matrix.where('models')}: models.{model} needs {', '.join(missing)} (target {self.name})"
+                )
 
     def check_installed(self):
         """An error line when torchtitan is missing or lacks the target's trainer, or torch is outside the supported
         range. torchtitan is judged by what it ships, not its version string (main says 0.2.2)."""
         version = installed("torchtitan")
         if not version:
-            return (f"torchtitan is not installed; target {self.name} needs one that ships {TRAINERS[self.TRAINER]} "
-                    f"(tested with {self.TESTED}; see README)")
+            return (
+                f"torchtitan is not installed; target {self.name} needs one that ships {TRAINERS[self.TRAINER]} "
+                f"(tested with {self.TESTED}; see README)"
+            )
         if self.TRAINER not in torchtitan_trainers():
-            return (f"target {self.name} needs a torchtitan that ships {TRAINERS[self.TRAINER]}, which the installed "
-                    f"torchtitan {version} (torch {installed('torch')}) lacks; tested with {self.TESTED} (see README, "
-                    f"'Two commands for a fresh machine')")
-        return next((p for p in (_unsupported(pkg, spec, self.name) for pkg, spec in self.SUPPORTS.items()) if p),
-                    None)
+            return (
+                f"target {self.name} needs a torchtitan that ships {TRAINERS[self.TRAINER]}, which the installed "
+                f"torchtitan {version} (torch {installed('torch')}) lacks; tested with {self.TESTED} (see README, "
+                f"'Two commands for a fresh machine')"
+            )
+        return next((p for p in (_unsupported(pkg, spec, self.name) for pkg, spec in self.SUPPORTS.items()) if p), None)
 
     def prepare(self):
         """Generate the deterministic dataset and tokenizer once per cache folder (fixtures/assets.py), unless
@@ -312,23 +330,34 @@ class TorchtitanTarget(Target):
         self.options.update(read_options(keys, env, origins))
         offered = {cell.id: why for cell in cells if (why := self.not_offered(cell))}
         missing = {}  # (option, what asked for it) -> [the error, the cells (or seeds) that need it]
-        jobs = [(cell.id, lambda c=cell: self.spell(c.axes, self.flags(c, Path("dump"), Path("seed"))))
-                for cell in cells if cell.id not in offered]
+        jobs = [
+            (cell.id, lambda c=cell: self.spell(c.axes, self.flags(c, Path("dump"), Path("seed"))))
+            for cell in cells
+            if cell.id not in offered
+        ]
         if self.matrix.numerics:
-            jobs += [(f"seed checkpoint of {m}", lambda m=m: self.seed_command(m, Path("seed")))
-                     for m in sorted({c.axes["model"] for c in cells})]
+            jobs += [
+                (f"seed checkpoint of {m}", lambda m=m: self.seed_command(m, Path("seed")))
+                for m in sorted({c.axes["model"] for c in cells})
+            ]
         for name, spell in jobs:
             try:
                 spell()
             except OptionError as e:
                 missing.setdefault((e.flag.name, e.flag.source), [str(e), []])[1].append(name)
         if missing:
-            lines = [f"  {source}: {error} ({len(names)} of {len(jobs)}: {', '.join(names[:3])}"
-                     f"{', ...' if len(names) > 3 else ''})" for (_, source), (error, names) in missing.items()]
-            raise MatrixError(f"{self.matrix.where('target')}: the installed torchtitan {version} cannot run what "
-                              f"{self.matrix.path.name} asks for; before any cell:\n" + "\n".join(lines)
-                              + f"\ntarget {self.name} was tested with {self.TESTED}: a newer torchtitan may have "
-                                f"moved these options (see README, 'Following torchtitan main')")
+            lines = [
+                f"  {source}: {error} ({len(names)} of {len(jobs)}: {', '.join(names[:3])}"
+                f"{', ...' if len(names) > 3 else ''})"
+                for (_, source), (error, names) in missing.items()
+            ]
+            raise MatrixError(
+                f"{self.matrix.where('target')}: the installed torchtitan {version} cannot run what "
+                f"{self.matrix.path.name} asks for; before any cell:\n"
+                + "\n".join(lines)
+                + f"\ntarget {self.name} was tested with {self.TESTED}: a newer torchtitan may have "
+                f"moved these options (see README, 'Following torchtitan main')"
+            )
         return offered
 
     def spell(self, axes, flags):
@@ -361,11 +390,19 @@ class TorchtitanTarget(Target):
         return f"torchtitan {self.WRITTEN_AS} option names, unchecked (this target's torchtitan is not installed)"
 
     def degree_flags(self, axes):
-        flags = [Flag(f"parallelism.{flag}", axes[axis], f"axis {axis}={axes[axis]}")
-                 for axis, flag in self.DEGREE_FLAGS.items() if axis in axes]
+        flags = [
+            Flag(f"parallelism.{flag}", axes[axis], f"axis {axis}={axes[axis]}")
+            for axis, flag in self.DEGREE_FLAGS.items()
+            if axis in axes
+        ]
         if axes.get("pp", 1) > 1:
-            flags.append(Flag("parallelism.pipeline_parallel_schedule", axes["pp_schedule"],
-                              f"axis pp_schedule={axes['pp_schedule']}"))
+            flags.append(
+                Flag(
+                    "parallelism.pipeline_parallel_schedule",
+                    axes["pp_schedule"],
+                    f"axis pp_schedule={axes['pp_schedule']}",
+                )
+            )
         return flags
 
     def feature_options(self, axes, run=0):
@@ -377,6 +414,8 @@ class TorchtitanTarget(Target):
 
     def feature_flags(self, axes, run=0):
         name = axes.get("feature", "none")
-        return [Flag(key, value, f"feature {name}" + (f" run {run + 1}" if run else ""))
-                for key, value in self.feature_options(axes, run).items()
-                if key != "config"]  # (the config is the job config the command starts from: job_config)
+        return [
+            Flag(key, value, f"feature {name}" + (f" run {run + 1}" if run else ""))
+            for key, value in self.feature_options(axes, run).items()
+            if key != "config"
+        ]  # (the config is the job config the command starts from: job_config)

@@ -40,30 +40,47 @@ class CommandTarget(Target):
             raise MatrixError(f"{where}: target.command must be a non-empty list of arguments")
         unknown = set(spec) - {"command", "env", "evidence", "mutants", "steps"}
         if unknown:
-            raise MatrixError(f"{where}: unknown target keys {sorted(unknown)}; allowed: command, env, evidence, "
-                              f"mutants, steps")
+            raise MatrixError(
+                f"{where}: unknown target keys {sorted(unknown)}; allowed: command, env, evidence, mutants, steps"
+            )
         if not isinstance(self.steps, dict) or not all(isinstance(v, list) and v for v in self.steps.values()):
             raise MatrixError(f"{where}: target.steps must map step names to non-empty argument lists")
-        if not isinstance(self.expects, dict) or any(a not in matrix.axes for a in self.expects) or any(
-                "." not in str(k) for k in self.expects.values()):
-            raise MatrixError(f"{where}: target.evidence must map axes ({', '.join(matrix.axes)}) to probe keys "
-                              f"'<section>.<name>', got {self.expects!r}")
+        if (
+            not isinstance(self.expects, dict)
+            or any(a not in matrix.axes for a in self.expects)
+            or any("." not in str(k) for k in self.expects.values())
+        ):
+            raise MatrixError(
+                f"{where}: target.evidence must map axes ({', '.join(matrix.axes)}) to probe keys "
+                f"'<section>.<name>', got {self.expects!r}"
+            )
         known = set(matrix.axes) | set(matrix.settings) | {"python", "nproc", "port", "dump_folder", "matrix_dir"}
         for part in [*self.argv, *self.env.values(), *(p for argv in self.steps.values() for p in argv)]:
             for _, name, _, _ in string.Formatter().parse(str(part)):
                 if name and name not in known:
-                    raise MatrixError(f"{where}: target.command uses unknown placeholder {{{name}}}; "
-                                      f"known: {', '.join(sorted(known))}")
+                    raise MatrixError(
+                        f"{where}: target.command uses unknown placeholder {{{name}}}; "
+                        f"known: {', '.join(sorted(known))}"
+                    )
 
     def evidence_plan(self, cell):
-        return [Expect(f"{axis}={cell.axes[axis]}", str(key), str(cell.axes[axis])) for axis, key in self.expects.items()]
+        return [
+            Expect(f"{axis}={cell.axes[axis]}", str(key), str(cell.axes[axis])) for axis, key in self.expects.items()
+        ]
 
     def baseline_axes(self, axes):
         return {**axes, **self.matrix.numerics.baseline}
 
     def command(self, cell, dump_folder: Path, nproc: int, port: int, run=0, program=None, **_):
-        values = {**self.matrix.settings, **cell.axes, "python": sys.executable, "nproc": nproc,
-                  "port": port, "dump_folder": dump_folder, "matrix_dir": self.matrix.path.parent.resolve()}
+        values = {
+            **self.matrix.settings,
+            **cell.axes,
+            "python": sys.executable,
+            "nproc": nproc,
+            "port": port,
+            "dump_folder": dump_folder,
+            "matrix_dir": self.matrix.path.parent.resolve(),
+        }
         name = cell.axes.get("feature", "none")  # a feature's flags go at the end, each later run's after them
         extra = [*self.matrix.features.get(name, []), *(self.matrix.feature_runs[name][run - 1] if run else [])]
         argv = [str(p).format(**values) for p in (program or self.argv)] + list(tokens(extra))

@@ -62,16 +62,30 @@ def _microbatch_tokens(value, flags):
     return _tokens(flags[MICROBATCH].value if MICROBATCH in flags else value, flags)
 
 
-RENAMES = {r.old: r for r in (
-    Rename("training.seq_len", "training.max_context_length", lambda v, f: v, "torchtitan PR 4121"),
-    Rename("training.local_batch_size", "training.num_tokens_per_microbatch_per_dp_rank", _microbatch_tokens,
-           "torchtitan PR 4121: batches counted in tokens (local batch x seq_len; under PP, one microbatch's)"),
-    Rename("training.global_batch_size", "training.num_tokens_per_train_step", _tokens,
-           "torchtitan PR 4121: batches counted in tokens (global batch x seq_len)"),
-    Rename("parallelism.pipeline_parallel_microbatch_size", "parallelism.num_pp_microbatches",
-           lambda v, f: int(f["training.local_batch_size"].value) // int(v),
-           "torchtitan PR 4121: microbatches counted, not sized"),
-)}
+RENAMES = {
+    r.old: r
+    for r in (
+        Rename("training.seq_len", "training.max_context_length", lambda v, f: v, "torchtitan PR 4121"),
+        Rename(
+            "training.local_batch_size",
+            "training.num_tokens_per_microbatch_per_dp_rank",
+            _microbatch_tokens,
+            "torchtitan PR 4121: batches counted in tokens (local batch x seq_len; under PP, one microbatch's)",
+        ),
+        Rename(
+            "training.global_batch_size",
+            "training.num_tokens_per_train_step",
+            _tokens,
+            "torchtitan PR 4121: batches counted in tokens (global batch x seq_len)",
+        ),
+        Rename(
+            "parallelism.pipeline_parallel_microbatch_size",
+            "parallelism.num_pp_microbatches",
+            lambda v, f: int(f["training.local_batch_size"].value) // int(v),
+            "torchtitan PR 4121: microbatches counted, not sized",
+        ),
+    )
+}
 
 
 class OptionError(Exception):
@@ -151,8 +165,11 @@ def _cache_key(python, module, config, env):
     if spec and spec.submodule_search_locations:
         root = Path(list(spec.submodule_search_locations)[0])
         parts.append(str(root))
-        files = [*root.glob("config/*.py"), *root.glob("experiments/*/configs.py"),
-                 *root.glob("experiments/*/*/config_registry.py")]
+        files = [
+            *root.glob("config/*.py"),
+            *root.glob("experiments/*/configs.py"),
+            *root.glob("experiments/*/*/config_registry.py"),
+        ]
         parts += [f"{p}:{p.stat().st_mtime_ns}" for p in sorted(files)]
         parts.append(installed("torchtitan"))
     for folder in env.get("PYTHONPATH", "").split(os.pathsep):

@@ -33,8 +33,12 @@ class Titan03(TorchtitanTarget):
     WRITTEN_AS = "0.3.0"
     TRAINER = "graph_trainer"
     TESTED = "torchtitan 0.3.0 and main up to b5bcd76c6 (2026-08-21)"
-    RUN_OPTIONS = {"seed": "debug.seed", "deterministic": "debug.deterministic", "tokenizer": "hf_assets_path",
-                   "dataset": "dataloader.dataset_path"}
+    RUN_OPTIONS = {
+        "seed": "debug.seed",
+        "deterministic": "debug.deterministic",
+        "tokenizer": "hf_assets_path",
+        "dataset": "dataloader.dataset_path",
+    }
     MUTANTS = TITAN03_MUTANTS
     # the torch torchtitan 0.3.0 was released against (2.14) and what its development line moves to; torchtitan
     # itself is judged by what it ships (TRAINER), not by a version range: main has said 0.2.2 since before 0.3.0
@@ -42,8 +46,16 @@ class Titan03(TorchtitanTarget):
     AXES = {
         "model": ("llama3", "deepseek_v3", "qwen3", "muse_glimmer"),
         **dict.fromkeys(flags("titan03"), int),  # the degrees
-        "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV", "GPipe",
-                        "InterleavedZeroBubble", "LoopedBFS"),
+        "pp_schedule": (
+            "none",
+            "1F1B",
+            "Interleaved1F1B",
+            "ZBVZeroBubble",
+            "DualPipeV",
+            "GPipe",
+            "InterleavedZeroBubble",
+            "LoopedBFS",
+        ),
         "compile": ("eager", "aot_fx_trace", "jit"),
         "backend": ("aot_eager", "inductor"),
         "memory_policy": ("none", "default", "full", "eager", "sac_and_offload"),
@@ -81,10 +93,16 @@ class Titan03(TorchtitanTarget):
             return facts["module"], named
         if axes.get("trainer") == "fsdp2":
             if not facts.get("fsdp2_config"):
-                raise MatrixError(f"{self.matrix.where('models')}: model {axes['model']!r} has no fsdp2_config, "
-                                  f"which trainer=fsdp2 cells run")
+                raise MatrixError(
+                    f"{self.matrix.where('models')}: model {axes['model']!r} has no fsdp2_config, "
+                    f"which trainer=fsdp2 cells run"
+                )
             return facts["module"], facts["fsdp2_config"]
-        if axes.get("pp", 1) > 1 and axes.get("compile", "aot_fx_trace") != "aot_fx_trace" and facts.get("eager_pp_config"):
+        if (
+            axes.get("pp", 1) > 1
+            and axes.get("compile", "aot_fx_trace") != "aot_fx_trace"
+            and facts.get("eager_pp_config")
+        ):
             config = facts["eager_pp_config"]  # GraphPP needs aot_fx_trace; otherwise the eager splitter
         elif axes.get("cp", 1) > 1 and facts.get("cp_config"):
             config = facts["cp_config"]
@@ -110,12 +128,22 @@ class Titan03(TorchtitanTarget):
         else:  # aot_fx_trace reads no backend: inductor is the compilation strategy of the traced graph
             flags.append(Flag("compile.inductor_compilation", "full" if backend == "inductor" else "regional", source))
         if axes.get("memory_policy", "none") != "none":
-            flags.append(Flag("compile.memory_policy", axes["memory_policy"], f"axis memory_policy={axes['memory_policy']}"))
+            flags.append(
+                Flag("compile.memory_policy", axes["memory_policy"], f"axis memory_policy={axes['memory_policy']}")
+            )
         return flags
 
     # what an upstream test's flags may not change here: where the assets and dump are, the CPU-sized shapes
-    OURS = {"module", "config", "hf_assets_path", "dataloader.dataset_path", "dump_folder",
-            "training.local_batch_size", "training.seq_len", "metrics.log_freq"}
+    OURS = {
+        "module",
+        "config",
+        "hf_assets_path",
+        "dataloader.dataset_path",
+        "dump_folder",
+        "training.local_batch_size",
+        "training.seq_len",
+        "metrics.log_freq",
+    }
 
     def upstream_flags(self, cell, dump_folder: Path, run=0):
         """An upstream test's run: our run settings, then upstream's flags of that run on top (its later runs'
@@ -127,8 +155,11 @@ class Titan03(TorchtitanTarget):
             flags.append(Flag("training.disable_cuda_graphs", True, "target"))
         if self.matrix.tier == "trace":
             flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
-        flags += [Flag(key, value, f"upstream {test.name} run {run + 1}") for key, value in options(test.runs[run]).items()
-                  if key not in self.OURS]
+        flags += [
+            Flag(key, value, f"upstream {test.name} run {run + 1}")
+            for key, value in options(test.runs[run]).items()
+            if key not in self.OURS
+        ]
         return merged(flags + self.artifact_flags(cell, dump_folder))
 
     def artifact_flags(self, cell, dump_folder: Path):
@@ -136,8 +167,9 @@ class Titan03(TorchtitanTarget):
         (upstream's tests name a temporary folder)."""
         if "precompile" not in self.before_steps(cell):
             return []
-        return [Flag("compile.precompile_artifact_dir", Path(dump_folder).parent / "precompile_artifact",
-                     "step precompile")]
+        return [
+            Flag("compile.precompile_artifact_dir", Path(dump_folder).parent / "precompile_artifact", "step precompile")
+        ]
 
     def flags(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0):
         a, s = cell.axes, self.matrix.settings
@@ -156,12 +188,16 @@ class Titan03(TorchtitanTarget):
             gbs = self.matrix.numerics.global_batch_size
             local_batch = max(1, gbs // (a.get("dp_replicate", 1) * a.get("dp_shard", 1)))
             local_batch = a.get("pp_microbatch", local_batch)  # a PP cell's baseline: its microbatches (baseline_axes)
-            flags += [Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
-                      Flag("metrics.enable_tensorboard", True, "numerics")]
+            flags += [
+                Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
+                Flag("metrics.enable_tensorboard", True, "numerics"),
+            ]
             if seed_folder is not None and self.runs(cell) == 1:  # (a resumed cell loads its own checkpoint)
-                flags += [Flag("checkpoint.enable", True, "numerics"),
-                          Flag("checkpoint.initial_load_path", seed_folder / "checkpoint" / "step-0", "numerics"),
-                          Flag("checkpoint.load_only", True, "numerics")]
+                flags += [
+                    Flag("checkpoint.enable", True, "numerics"),
+                    Flag("checkpoint.initial_load_path", seed_folder / "checkpoint" / "step-0", "numerics"),
+                    Flag("checkpoint.load_only", True, "numerics"),
+                ]
         flags += self.run_flags(s.get("steps", 3), local_batch)
         flags.append(Flag("dump_folder", dump_folder, "target"))
         if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
@@ -187,23 +223,30 @@ class Titan03(TorchtitanTarget):
         """One rank that writes the seed checkpoint every cell of ``model`` starts from (spelled by the torchtitan
         of ``versions``, the version set's label, where its environment is built)."""
         module, config = self.job_config({"model": model})
-        flags = [Flag("compile.mode", "None", "target"), Flag("training.disable_cuda_graphs", True, "target"),
-                 Flag("checkpoint.enable", True, "target"), Flag("checkpoint.create_seed_checkpoint", True, "target"),
-                 Flag("debug.seed", self.matrix.settings.get("seed", 42), "setting seed"),
-                 Flag("debug.deterministic", True, "target"),
-                 Flag("parallelism.data_parallel_shard_degree", 1, "target"),
-                 Flag("hf_assets_path", self.tokenizer, "target"), Flag("dataloader.dataset_path", self.dataset, "target"),
-                 Flag("dump_folder", dump_folder, "target")]
+        flags = [
+            Flag("compile.mode", "None", "target"),
+            Flag("training.disable_cuda_graphs", True, "target"),
+            Flag("checkpoint.enable", True, "target"),
+            Flag("checkpoint.create_seed_checkpoint", True, "target"),
+            Flag("debug.seed", self.matrix.settings.get("seed", 42), "setting seed"),
+            Flag("debug.deterministic", True, "target"),
+            Flag("parallelism.data_parallel_shard_degree", 1, "target"),
+            Flag("hf_assets_path", self.tokenizer, "target"),
+            Flag("dataloader.dataset_path", self.dataset, "target"),
+            Flag("dump_folder", dump_folder, "target"),
+        ]
         spelled = self.spell({"model": model, "versions": versions}, flags)
         argv = ["--module", module, "--config", config, *spelled.argv]
         return self.rank_command("torchtitan.train", argv, {**shim_env(self.matrix.device, self.name), **spelled.env()})
 
     def evidence_lines(self, cell) -> list:
         a = cell.axes
-        return [*super().evidence_lines(cell),
-                *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
-                *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
-                "memory <- effects.memory against the layout"]
+        return [
+            *super().evidence_lines(cell),
+            *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
+            *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
+            "memory <- effects.memory against the layout",
+        ]
 
     def memory(self, cell, log_dir: Path):
         """The bytes every rank held after step 1 against the layout (judge.layout.Memory; None: none recorded)."""
@@ -217,14 +260,24 @@ class Titan03(TorchtitanTarget):
     EXPERTS = ("*.moe.routed_experts.*", "*.moe.experts.*")
     # the parameters torchtitan 0.3's own plans lay out otherwise than a degree's label says, and why
     LAYOUT_RULES = (
-        Rule("dp_shard", EXPERTS, "routed experts are split over efsdp x ep, and EP takes its ranks from dp_shard x "
-             "cp x tp: their FSDP share is the rest", size=lambda a: int(a.get("dp_shard", 1)) * int(a.get("cp", 1))
-             * int(a.get("tp", 1)) // int(a.get("ep", 1)), when=lambda a: int(a.get("ep", 1)) > 1),
+        Rule(
+            "dp_shard",
+            EXPERTS,
+            "routed experts are split over efsdp x ep, and EP takes its ranks from dp_shard x "
+            "cp x tp: their FSDP share is the rest",
+            size=lambda a: int(a.get("dp_shard", 1)) * int(a.get("cp", 1)) * int(a.get("tp", 1)) // int(a.get("ep", 1)),
+            when=lambda a: int(a.get("ep", 1)) > 1,
+        ),
         Rule("tp", ("*norm.weight",), "the TP plans keep RMSNorm weights replicated (SequenceParallel)"),
-        Rule("tp", ("*.attention.wkv_a.weight", "*.attention.wq_a.weight"), "DeepSeek-V3's TP plan keeps MLA's "
-             "low-rank down-projections replicated"),
+        Rule(
+            "tp",
+            ("*.attention.wkv_a.weight", "*.attention.wq_a.weight"),
+            "DeepSeek-V3's TP plan keeps MLA's low-rank down-projections replicated",
+        ),
         Rule("tp", ("*.moe.router.gate.weight",), "the MoE router is replicated over tp"),
-        Rule("tp", EXPERTS, "ETP is 1 in 0.3: EP, not TP, splits routed experts", when=lambda a: int(a.get("ep", 1)) > 1),
+        Rule(
+            "tp", EXPERTS, "ETP is 1 in 0.3: EP, not TP, splits routed experts", when=lambda a: int(a.get("ep", 1)) > 1
+        ),
         Rule("ep", EXPERTS, "EP splits only the routed experts", outside=True),
     )
 
@@ -244,8 +297,9 @@ class Titan03(TorchtitanTarget):
         if "cp" in a:
             plan.append(Expect(f"cp={cp}", "mesh.cp", str(cp), default="1", hooks=mesh))
         if "spmd_backend" in a:
-            plan.append(Expect(f"spmd_backend={a['spmd_backend']}", "effects.spmd_backend", a["spmd_backend"],
-                               hooks=step))
+            plan.append(
+                Expect(f"spmd_backend={a['spmd_backend']}", "effects.spmd_backend", a["spmd_backend"], hooks=step)
+            )
         trainer = a.get("trainer", "simplefsdp")
         mode = "eager" if trainer == "fsdp2" else a.get("compile", "aot_fx_trace")
         plan.append(Expect(f"compile={a.get('compile', mode)}", "effects.compile", mode, hooks=step))
@@ -253,8 +307,9 @@ class Titan03(TorchtitanTarget):
         plan.append(Expect(f"trainer={trainer}", "effects.data_parallel", trainer, hooks=step))
         policy = a.get("memory_policy", "none")
         if policy != "none":  # eager and jit accept a policy and ignore it: only aot_fx_trace's passes apply one
-            plan.append(Expect(f"memory_policy={policy}", "effects.memory_policy", policy, default="none",
-                               hooks=passes))
+            plan.append(
+                Expect(f"memory_policy={policy}", "effects.memory_policy", policy, default="none", hooks=passes)
+            )
             plan.append(Expect(f"memory_policy={policy}", "effects.block_policy", policy, hooks=passes, each=True))
         if mode != "eager" and trainer != "fsdp2":
             backend = a.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
@@ -262,11 +317,25 @@ class Titan03(TorchtitanTarget):
             if mode == "jit":
                 plan.append(Expect(label, "effects.jit_backend", backend, hooks=step))
             else:
-                plan.append(Expect(label, "effects.inductor_compilation",
-                                   "full" if backend == "inductor" else "regional", default="none", hooks=passes))
+                plan.append(
+                    Expect(
+                        label,
+                        "effects.inductor_compilation",
+                        "full" if backend == "inductor" else "regional",
+                        default="none",
+                        hooks=passes,
+                    )
+                )
         if a.get("pp", 1) > 1:
-            plan.append(Expect(f"pp_schedule={a['pp_schedule']}", "effects.pp_schedule",
-                               self.SCHEDULE_CLASS.format(a["pp_schedule"]), default="none", hooks=schedule))
+            plan.append(
+                Expect(
+                    f"pp_schedule={a['pp_schedule']}",
+                    "effects.pp_schedule",
+                    self.SCHEDULE_CLASS.format(a["pp_schedule"]),
+                    default="none",
+                    hooks=schedule,
+                )
+            )
         return plan
 
     COMPILE_TIME = ("effects.memory_policy", "effects.block_policy", "effects.inductor_compilation")  # graph passes
@@ -305,12 +374,14 @@ class Titan03(TorchtitanTarget):
             env["NGPU"] = str(cell.world)
         if cell.axes.get("compile", "aot_fx_trace") != "eager":  # structured compile trace: tlparse, evidence
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
-        preload = [f"torchtitan.experiments.{module}.config_registry" if module.startswith("graph_trainer.")
-                   else module]
+        preload = [
+            f"torchtitan.experiments.{module}.config_registry" if module.startswith("graph_trainer.") else module
+        ]
         # a precompiled artifact is rank-agnostic: every rank loads it as local rank 0 of its own GPU (upstream's
         # run_train_precompile.sh passes torchrun --virtual-local-rank)
-        return self.rank_command("torchtitan.train", args, env, preload=preload,
-                                 virtual_local_rank="precompile" in self.before_steps(cell))
+        return self.rank_command(
+            "torchtitan.train", args, env, preload=preload, virtual_local_rank="precompile" in self.before_steps(cell)
+        )
 
     STEPS = ("precompile",)
 
@@ -319,8 +390,9 @@ class Titan03(TorchtitanTarget):
         world, writes the compiled artifact the cell's training then loads (upstream's run_precompile_tests.py,
         step 1). Same flags as the training; upstream's tool builds on cuda:0, so this runs on a GPU only."""
         train = self.command(cell, dump_folder, seed_folder)
-        return self.rank_command("torchtitan.experiments.graph_trainer.precompile_main", train.argv[3:], train.env,
-                                 preload=train.preload)
+        return self.rank_command(
+            "torchtitan.experiments.graph_trainer.precompile_main", train.argv[3:], train.env, preload=train.preload
+        )
 
 
 def tensorboard_losses(dump_folder: Path, tag="loss_metrics/global_avg_loss"):

@@ -26,8 +26,15 @@ class Probe:
     outside: str = ""  # where the version leaves the target's supported range (bisected on purpose)
 
     def record(self):
-        return {"version": self.version, "outcome": self.outcome, "signature": self.signature, "line": self.line,
-                "walls": self.walls, "runs": self.runs, "outside_range": self.outside}
+        return {
+            "version": self.version,
+            "outcome": self.outcome,
+            "signature": self.signature,
+            "line": self.line,
+            "walls": self.walls,
+            "runs": self.runs,
+            "outside_range": self.outside,
+        }
 
 
 @dataclass
@@ -38,8 +45,12 @@ class Bisection:
     message: str = ""  # why there is no window (ends alike, untestable ends)
 
     def record(self):
-        return {"versions": self.versions, "window": list(self.window) if self.window else None,
-                "message": self.message, "probes": [p.record() for p in self.probes]}
+        return {
+            "versions": self.versions,
+            "window": list(self.window) if self.window else None,
+            "message": self.message,
+            "probes": [p.record() for p in self.probes],
+        }
 
 
 def bisect(versions, probe, known: dict | None = None) -> Bisection:
@@ -57,14 +68,17 @@ def bisect(versions, probe, known: dict | None = None) -> Bisection:
         return seen[v]
 
     lo = next((i for i in range(len(versions)) if look(i).outcome in DECISIVE), None)
-    hi = next((i for i in reversed(range(len(versions))) if lo is not None and i > lo and look(i).outcome in DECISIVE),
-              None)
+    hi = next(
+        (i for i in reversed(range(len(versions))) if lo is not None and i > lo and look(i).outcome in DECISIVE), None
+    )
     if lo is None or hi is None:
         out.message = "fewer than two versions of the list could be judged: no window"
         return out
     if seen[versions[lo]].outcome == seen[versions[hi]].outcome:
-        out.message = (f"both ends {seen[versions[lo]].outcome} ({versions[lo]} and {versions[hi]}): nothing to "
-                       f"bisect in this list")
+        out.message = (
+            f"both ends {seen[versions[lo]].outcome} ({versions[lo]} and {versions[hi]}): nothing to "
+            f"bisect in this list"
+        )
         return out
     low, high = seen[versions[lo]].outcome, seen[versions[hi]].outcome
     while True:

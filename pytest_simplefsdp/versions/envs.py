@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..machine import installed
 from ..paths import PACKAGE
-from .sets import VersionSet
 from ..words import release
+from .sets import VersionSet
 
 DONE = "env.json"  # written last: a folder without it was never finished (built again)
 PLUGIN = "simplefsdp-plugin"  # the folder on the ranks' path that holds a link to the running plugin's package
@@ -61,8 +61,10 @@ class Environments:
             pin = vset.get(package) or (release(installed(package)) if package in requires else "")
             if pin.startswith("@"):
                 if self.repo is None:
-                    raise EnvError(f"{vset.label()}: a torchtitan commit needs its git checkout "
-                                   f"(--simplefsdp-torchtitan-repo=PATH)")
+                    raise EnvError(
+                        f"{vset.label()}: a torchtitan commit needs its git checkout "
+                        f"(--simplefsdp-torchtitan-repo=PATH)"
+                    )
                 out.append(f"torchtitan @ git+file://{Path(self.repo).resolve()}@{pin[1:]}")
             elif pin:
                 out.append(f"{package}=={pin}")
@@ -106,8 +108,10 @@ class Environments:
             raise EnvError("uv is not installed here: pip install uv (or pytest-simplefsdp[versions])")
         need, free = self.needed(), shutil.disk_usage(self.root).free
         if free < need:
-            raise EnvError(f"refused to build the {vset.label()} environment: it needs about {need / 2**30:.1f} GiB "
-                           f"and {self.root} has {free / 2**30:.1f} GiB free")
+            raise EnvError(
+                f"refused to build the {vset.label()} environment: it needs about {need / 2**30:.1f} GiB "
+                f"and {self.root} has {free / 2**30:.1f} GiB free"
+            )
         shutil.rmtree(folder, ignore_errors=True)  # an unfinished one, or the old one under --simplefsdp-fresh
         start = time.monotonic()
         env = {**os.environ, "VIRTUAL_ENV": str(folder)}
@@ -115,9 +119,19 @@ class Environments:
         # UV_NO_INDEX (only wheels of UV_FIND_LINKS: offline, or nightlies in a folder): uv has the flag, not the
         # variable, so it is passed on as the flag
         only_links = ["--no-index"] if os.environ.get("UV_NO_INDEX", "").lower() not in ("", "0", "false") else []
-        for argv in ([uv, "venv", "--quiet", "--python", sys.executable, str(folder)],
-                     [uv, "pip", "install", "--quiet", *only_links, "--python", str(folder / "bin" / "python"),
-                      *self.requirements(vset, requires)]):
+        for argv in (
+            [uv, "venv", "--quiet", "--python", sys.executable, str(folder)],
+            [
+                uv,
+                "pip",
+                "install",
+                "--quiet",
+                *only_links,
+                "--python",
+                str(folder / "bin" / "python"),
+                *self.requirements(vset, requires),
+            ],
+        ):
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -130,9 +144,19 @@ class Environments:
         (plugin / PACKAGE.name).symlink_to(PACKAGE, target_is_directory=True)
         versions = read_versions(folder / "bin" / "python")
         seconds = round(time.monotonic() - start, 1)
-        (folder / DONE).write_text(json.dumps({"set": vset.label(), "requirements": self.requirements(vset, requires),
-                                               "versions": versions, "seconds": seconds,
-                                               "bytes": folder_bytes(folder)}, indent=1) + "\n")
+        (folder / DONE).write_text(
+            json.dumps(
+                {
+                    "set": vset.label(),
+                    "requirements": self.requirements(vset, requires),
+                    "versions": versions,
+                    "seconds": seconds,
+                    "bytes": folder_bytes(folder),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         return Env(vset, folder, folder / "bin" / "python", plugin, versions, True, seconds)
 
     def needed(self) -> int:
@@ -172,11 +196,18 @@ def installer_line(text: str) -> str:
 
 
 def read_versions(python: Path) -> dict:
-    code = ("import importlib.metadata as m, json, sys\nout = {'python': sys.version.split()[0]}\n"
-            "for p in ('torch', 'torchtitan', 'triton'):\n    try: out[p] = m.version(p)\n"
-            "    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    code = (
+        "import importlib.metadata as m, json, sys\nout = {'python': sys.version.split()[0]}\n"
+        "for p in ('torch', 'torchtitan', 'triton'):\n    try: out[p] = m.version(p)\n"
+        "    except m.PackageNotFoundError: pass\nprint(json.dumps(out))"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     if proc.returncode != 0:
         raise EnvError(f"the new environment's Python does not start: {installer_line(proc.stderr)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

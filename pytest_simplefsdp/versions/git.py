@@ -8,7 +8,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
+GITHUB = re.compile(
+    r"^(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)([\w.-]+)/([\w.-]+?)(?:\.git)?/?$"
+)
 
 
 class GitError(ValueError):
@@ -87,8 +89,12 @@ def find_commit(repo, name) -> str:
 @functools.lru_cache(maxsize=None)
 def is_ancestor(repo, older, newer) -> bool:
     """Whether ``older`` is ``newer`` or in its history."""
-    return subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", older, newer],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["git", "-C", str(repo), "merge-base", "--is-ancestor", older, newer], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 @dataclass(frozen=True)
@@ -103,14 +109,22 @@ class Commit:
         """Whether the commit lies in the range; a GitError where it cannot be decided (no checkout, a commit the
         checkout lacks)."""
         if self.repo is None:
-            raise GitError(f"torchtitan runs commit {self.sha[:12]}, but no checkout here holds its history "
-                           f"(--simplefsdp-torchtitan-repo=PATH)")
+            raise GitError(
+                f"torchtitan runs commit {self.sha[:12]}, but no checkout here holds its history "
+                f"(--simplefsdp-torchtitan-repo=PATH)"
+            )
         sha = find_commit(self.repo, self.sha)
         for op, name in commit_clauses(spec):
             other = find_commit(self.repo, name)
             after, before = is_ancestor(self.repo, other, sha), is_ancestor(self.repo, sha, other)
-            if not {">=": after, ">": after and not before, "<=": before, "<": not after, "==": after and before,
-                    "!=": not (after and before)}[op]:
+            if not {
+                ">=": after,
+                ">": after and not before,
+                "<=": before,
+                "<": not after,
+                "==": after and before,
+                "!=": not (after and before),
+            }[op]:
                 return False
         return True
 

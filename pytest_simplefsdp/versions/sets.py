@@ -17,7 +17,9 @@ from ..words import release
 
 INSTALLED = "installed"  # the environment pytest runs in: no other is built
 PACKAGES = ("torch", "torchtitan")
-PIN = re.compile(r"^\s*(?P<name>[A-Za-z][\w.-]*)\s*(?:==\s*(?P<version>[^,\s@]+)|@\s*(?P<commit>[0-9a-fA-F]{7,40}))\s*$")
+PIN = re.compile(
+    r"^\s*(?P<name>[A-Za-z][\w.-]*)\s*(?:==\s*(?P<version>[^,\s@]+)|@\s*(?P<commit>[0-9a-fA-F]{7,40}))\s*$"
+)
 
 
 class VersionError(ValueError):
@@ -86,8 +88,9 @@ def index_versions(package, index="https://pypi.org/simple", timeout=30.0, prere
     (nightlies) only with ``prereleases``. OSError where the index cannot be reached."""
     import urllib.request  # (here: every pytest run imports this module with the plugin's options)
 
-    request = urllib.request.Request(f"{index.rstrip('/')}/{package}/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    request = urllib.request.Request(
+        f"{index.rstrip('/')}/{package}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         doc = json.loads(answer.read())
     found = []

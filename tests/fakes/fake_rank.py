@@ -70,14 +70,24 @@ def main():
     p.add_argument("--checkpoint", action="store_true", help="resume from <dump>/checkpoint, save there at the end")
     p.add_argument("--no-load", action="store_true", help="with --checkpoint: ignore the saved one (a broken resume)")
     p.add_argument("--needs", default=None, help="a file a step before the cell must have written (its artifact)")
-    p.add_argument("--breaks-from", default=None, help="from this torch version on (its environment's, read from its "
-                                                       "metadata), --rank raises at --at-step: a regression")
+    p.add_argument(
+        "--breaks-from",
+        default=None,
+        help="from this torch version on (its environment's, read from its "
+        "metadata), --rank raises at --at-step: a regression",
+    )
     p.add_argument("--fixed-from", default=None, help="before this torch version, --rank raises at --at-step: a fix")
     p.add_argument("--other-at", default=None, help="on exactly this torch version, --rank raises another error")
-    p.add_argument("--flaky-at", default=None, help="on exactly this torch version, every second run fails (a file "
-                                                    "beside the dump folders counts them)")
-    p.add_argument("--torchtitan-says", action="store_true", help="the stand-in torchtitan's broken.txt decides "
-                                                                   "the mode (see above)")
+    p.add_argument(
+        "--flaky-at",
+        default=None,
+        help="on exactly this torch version, every second run fails (a file beside the dump folders counts them)",
+    )
+    p.add_argument(
+        "--torchtitan-says",
+        action="store_true",
+        help="the stand-in torchtitan's broken.txt decides the mode (see above)",
+    )
     a = p.parse_args()
     for name in filter(None, os.environ.get("SIMPLEFSDP_PROVES", "").split(",")):  # what a version set pins: a real
         importlib.import_module(name)  # rank imports its torch and torchtitan, and the start-up shim records them
@@ -122,8 +132,9 @@ def main():
         # the flag is down before any rank fails: a failing rank's peers are stopped at once, and a rank 0 stopped
         # before it wrote the flag failed the retry too (seen beside a CPU-heavy job)
         barrier(folder, "flagged", rank, world)
-        raise RuntimeError("The server socket has failed to listen on any local network address. "
-                           "[errno: 98 - Address already in use]")
+        raise RuntimeError(
+            "The server socket has failed to listen on any local network address. [errno: 98 - Address already in use]"
+        )
     if a.mode == "noresult":
         return 0
     if a.mode == "daemon" and rank == 0 and os.fork() == 0:  # escapes the process group and the marker
@@ -190,8 +201,11 @@ def main():
         barrier(folder, step, rank, world)
         if os.environ.get("SIMPLEFSDP_INVARIANTS") == "1":
             invariants(a, rank, step, rank == target and step >= a.at_step)
-        print(f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  "
-              f"grad_norm: {grad_norm:7.4f}", flush=True)
+        print(
+            f"[titan] 2026-01-01 00:00:00,000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  "
+            f"grad_norm: {grad_norm:7.4f}",
+            flush=True,
+        )
     if a.checkpoint and rank == 0:
         os.makedirs(os.path.dirname(saved), exist_ok=True)
         with open(saved, "w") as f:
@@ -263,8 +277,14 @@ def invariants(a, rank, step, broken):
     if a.mode == "norecord" and rank == (a.rank if a.rank >= 0 else 1):
         return
     lr = 0.001 * (2 if broken and a.mode == "lrskew" else 1)
-    w = [not (broken and a.mode == "staleupdate"), True, lr, 1000 + step + (7 if broken and a.mode == "replicadrift"
-                                                                            else 0), "", 0.25]
+    w = [
+        not (broken and a.mode == "staleupdate"),
+        True,
+        lr,
+        1000 + step + (7 if broken and a.mode == "replicadrift" else 0),
+        "",
+        0.25,
+    ]
     s = [True, True, lr, 50 * rank + step, f"dp={rank}", 1.0 if broken and a.mode == "bigupdate" else 0.25]
     count = step + (1 if broken and a.mode == "extrastep" else 0)
     record = {"step": step, "lr": [lr], "params": {"w": w, "s": s}, "optimizer_steps": count, "scheduler_steps": step}

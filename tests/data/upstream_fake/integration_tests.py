@@ -13,24 +13,42 @@ _JIT_DISABLED = True
 def _build_dense():
     return [
         OverrideDefinitions(
-            [["--module graph_trainer.llama3", "--config graph_trainer_llama3_debugmodel", "--compile.mode jit",
-              "--compile.passes=auto_bucketing"]],
+            [
+                [
+                    "--module graph_trainer.llama3",
+                    "--config graph_trainer_llama3_debugmodel",
+                    "--compile.mode jit",
+                    "--compile.passes=auto_bucketing",
+                ]
+            ],
             "JIT 1D+auto_bucketing",
             "jit_1d_auto_bucketing",
             disabled=_JIT_DISABLED,
         ),
         OverrideDefinitions(
-            [["--module graph_trainer.llama3", "--config graph_trainer_llama3_debugmodel",
-              "--compile.mode aot_fx_trace", "--parallelism.data_parallel_shard_degree 2",
-              "--parallelism.tensor_parallel_degree 2"]],
+            [
+                [
+                    "--module graph_trainer.llama3",
+                    "--config graph_trainer_llama3_debugmodel",
+                    "--compile.mode aot_fx_trace",
+                    "--parallelism.data_parallel_shard_degree 2",
+                    "--parallelism.tensor_parallel_degree 2",
+                ]
+            ],
             "aot_fx_trace FSDP+TP",
             "aot_fx_trace_fsdp_tp",
         ),
         # save, then resume
         OverrideDefinitions(
-            [["--module graph_trainer.llama3", "--compile.mode aot_fx_trace", "--checkpoint.enable"],
-             ["--module graph_trainer.llama3", "--compile.mode aot_fx_trace", "--checkpoint.enable",
-              "--training.steps 20"]],
+            [
+                ["--module graph_trainer.llama3", "--compile.mode aot_fx_trace", "--checkpoint.enable"],
+                [
+                    "--module graph_trainer.llama3",
+                    "--compile.mode aot_fx_trace",
+                    "--checkpoint.enable",
+                    "--training.steps 20",
+                ],
+            ],
             "checkpoint",
             "checkpoint_resume",
             ngpu=2,
@@ -41,8 +59,13 @@ def _build_dense():
 def _build_moe():
     return [
         OverrideDefinitions(
-            [["--module graph_trainer.deepseek_v3", "--compile.mode aot_fx_trace",
-              f"--parallelism.expert_parallel_degree {ep}"]],
+            [
+                [
+                    "--module graph_trainer.deepseek_v3",
+                    "--compile.mode aot_fx_trace",
+                    f"--parallelism.expert_parallel_degree {ep}",
+                ]
+            ],
             f"EP {ep}",
             f"moe_ep{ep}",
             ngpu=8,

@@ -51,9 +51,10 @@ def llama3_8b_fsdp8_eager():
 
 
 def deepseek_v3_debugmodel_ep2_pp2():
-    return Config(Parallelism(expert_parallel_degree=2, pipeline_parallel_degree=2,
-                              pipeline_parallel_schedule="Interleaved1F1B"),
-                  model_spec=ModelSpec(name="graph_trainer/deepseek_v3"))
+    return Config(
+        Parallelism(expert_parallel_degree=2, pipeline_parallel_degree=2, pipeline_parallel_schedule="Interleaved1F1B"),
+        model_spec=ModelSpec(name="graph_trainer/deepseek_v3"),
+    )
 
 
 def deepseek_v3_debugmodel_ep4():
