@@ -88,6 +88,17 @@ def headline(g: dict) -> str:
     return f"PR gate against base {Base(**g['base']).name()}: {counts}"
 
 
+def shut(g: dict) -> bool:
+    """Whether the gate's block has a new failure (the one class that fails it)."""
+    return bool(g["counts"][str(GateClass.NEW)])
+
+
+def legend() -> str:
+    return "only new failures fail the gate; " + "; ".join(
+        f"{c}: {m}" for c, m in MEANING.items() if c != GateClass.NEW
+    )
+
+
 def rows(g: dict) -> list[tuple]:
     """(cell, class, signature here, the base's outcome) per failure, new ones first."""
     return [(f["cell"], f["class"], short(f["here"]), short(f["base"])) for f in g["failures"]]

@@ -13,7 +13,7 @@ from tabulate import tabulate
 from ..judge.known import load_known_failures
 from ..judge.results import CellResult
 from ..judge.update import drafts, update_file
-from ..kinds import GateClass, KnownKind, RecordType, Status
+from ..kinds import KnownKind, RecordType, Status
 from ..machine import versions
 from ..paths import KNOWN_FAILURES, PACKAGE, shown
 from ..plots import walltime_plot
@@ -112,19 +112,12 @@ class Reporter:
         pr = doc.get("gate")
         if pr is None:
             return
-        tr.section(
-            f"simplefsdp {gate.headline(pr)}",
-            red=bool(pr["counts"][str(GateClass.NEW)]),
-            green=not pr["counts"][str(GateClass.NEW)],
-        )
+        tr.section(f"simplefsdp {gate.headline(pr)}", red=gate.shut(pr), green=not gate.shut(pr))
         if pr["failures"]:
             tr.write_line(
                 tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"), tablefmt="simple")
             )
-        tr.write_line(
-            "only new failures fail the gate; "
-            + "; ".join(f"{c}: {m}" for c, m in gate.MEANING.items() if c != GateClass.NEW)
-        )
+        tr.write_line(gate.legend())
         for line in gate.numerics_lines(pr):
             tr.write_line(line)
 
