@@ -31,6 +31,41 @@ class Base:
         )
 
 
+UNGATED = (GateClass.BROKEN_TRUNK, GateClass.FLAKY)  # failures a PR gate lets through: failing, all the same
+# the classes in the order a report lists them (Dr. CI's), and what each means for the PR
+ORDER = (GateClass.NEW, GateClass.BROKEN_TRUNK, GateClass.FLAKY, GateClass.KNOWN)
+MEANING = {
+    GateClass.NEW: "fails here, passes on the base (or fails there differently): this PR broke it; fails the gate",
+    GateClass.BROKEN_TRUNK: "fails on the base too, with the same signature: not this PR's doing",
+    GateClass.FLAKY: "its runs disagree: not gated",
+    GateClass.KNOWN: "a known-failures entry expects it",
+}
+
+
+def shut(counts: dict) -> bool:
+    """Whether a run's counts per class shut the gate: a new failure, the one class that fails it."""
+    return bool(counts[str(GateClass.NEW)])
+
+
+def legend() -> str:
+    return "only new failures fail the gate; " + "; ".join(
+        f"{c}: {m}" for c, m in MEANING.items() if c != GateClass.NEW
+    )
+
+
+def on_the_base(gate: str, record: dict) -> str:
+    """What a failure's base record says, in words (a known failure is not rerun there)."""
+    if gate == GateClass.KNOWN:
+        return "not rerun"
+    if not record.get("runs"):
+        return f"did not run: {'; '.join(record['not_run'])}" if record.get("not_run") else "not rerun"
+    if record.get("passed") == record.get("runs"):
+        return f"passed {record['runs']} of {record['runs']}"
+    return f"failed {record['runs'] - record['passed']} of {record['runs']}: " + "; ".join(
+        record.get("signatures") or []
+    )
+
+
 def base_record(results: list, base: Base) -> dict:
     """The cell's runs on a PR's base (none: not run there), as its record keeps them."""
     ran = [r for r in results if not r.not_run]

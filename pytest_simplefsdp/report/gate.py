@@ -3,16 +3,10 @@ sides' signatures, for the terminal, the JSON document, the status markdown and 
 
 from __future__ import annotations
 
-from ..judge.gate import Base
-from ..kinds import GateClass, RecordType
+from ..judge.gate import MEANING, ORDER, Base, legend, on_the_base, shut
+from ..kinds import RecordType
 
-ORDER = (GateClass.NEW, GateClass.BROKEN_TRUNK, GateClass.FLAKY, GateClass.KNOWN)
-MEANING = {
-    GateClass.NEW: "fails here, passes on the base (or fails there differently): this PR broke it; fails the gate",
-    GateClass.BROKEN_TRUNK: "fails on the base too, with the same signature: not this PR's doing",
-    GateClass.FLAKY: "its runs disagree: not gated",
-    GateClass.KNOWN: "a known-failures entry expects it",
-}
+__all__ = ["MEANING", "ORDER", "gate", "headline", "legend", "numerics", "rows", "shut"]
 
 
 def gate(doc: dict) -> dict | None:
@@ -24,17 +18,7 @@ def gate(doc: dict) -> dict | None:
     for run_doc in doc["runs"]:
         for rec in run_doc["cells"]:
             if rec.get("gate") and rec.get("type", RecordType.CELL) == RecordType.CELL:
-                other = rec.get("base") or {}
-                if rec["gate"] == GateClass.KNOWN:
-                    theirs = "not rerun"
-                elif not other.get("runs"):
-                    theirs = "not rerun" if not other.get("not_run") else f"did not run: {'; '.join(other['not_run'])}"
-                elif other.get("passed") == other.get("runs"):
-                    theirs = f"passed {other['runs']} of {other['runs']}"
-                else:
-                    theirs = f"failed {other['runs'] - other['passed']} of {other['runs']}: " + "; ".join(
-                        other.get("signatures") or []
-                    )
+                theirs = on_the_base(rec["gate"], rec.get("base") or {})
                 failures.append(
                     {
                         "cell": f"{run_doc['meta']['profile']}::{rec['id']}",
@@ -44,7 +28,7 @@ def gate(doc: dict) -> dict | None:
                         "verdict": rec.get("verdict", ""),
                     }
                 )
-    failures.sort(key=lambda f: (ORDER.index(GateClass(f["class"])), f["cell"]))
+    failures.sort(key=lambda f: (ORDER.index(f["class"]), f["cell"]))
     counts = {str(c): sum(1 for f in failures if f["class"] == c) for c in ORDER}
     return {"base": base, "counts": counts, "failures": failures, "numerics": numerics(doc)}
 
@@ -88,17 +72,6 @@ def headline(g: dict) -> str:
     return f"PR gate against base {Base(**g['base']).name()}: {counts}"
 
 
-def shut(g: dict) -> bool:
-    """Whether the gate's block has a new failure (the one class that fails it)."""
-    return bool(g["counts"][str(GateClass.NEW)])
-
-
-def legend() -> str:
-    return "only new failures fail the gate; " + "; ".join(
-        f"{c}: {m}" for c, m in MEANING.items() if c != GateClass.NEW
-    )
-
-
 def rows(g: dict) -> list[tuple]:
     """(cell, class, signature here, the base's outcome) per failure, new ones first."""
     return [(f["cell"], f["class"], short(f["here"]), short(f["base"])) for f in g["failures"]]
@@ -112,7 +85,7 @@ def short(text: str, width=90) -> str:
 def markdown(g: dict) -> list[str]:
     """The status markdown's section: headline, what each class means, the table."""
     lines = [f"### {headline(g)}", ""]
-    lines += [f"- **{c}**: {MEANING[GateClass(c)]}" for c in g["counts"]]
+    lines += [f"- **{c}**: {MEANING[c]}" for c in g["counts"]]
     if g["failures"]:
         lines += ["", "| cell | class | signature here | on the base |", "|---|---|---|---|"]
         lines += [

@@ -6,11 +6,10 @@ one failed with a new error; Not run when none ran."""
 from __future__ import annotations
 
 from ..degrees import DEGREES
-from ..kinds import GateClass, Status
+from ..judge.gate import UNGATED
+from ..kinds import Status
 from ..words import plural
 from .tables import broken
-
-UNGATED = (GateClass.BROKEN_TRUNK, GateClass.FLAKY)  # failures a PR gate lets through: failing, all the same
 
 # the features of the status-tracking issue (torchtitan 1980), each the axis values that turn it on
 FEATURE_GROUPS = (

@@ -112,7 +112,7 @@ class Reporter:
         pr = doc.get("gate")
         if pr is None:
             return
-        tr.section(f"simplefsdp {gate.headline(pr)}", red=gate.shut(pr), green=not gate.shut(pr))
+        tr.section(f"simplefsdp {gate.headline(pr)}", red=gate.shut(pr["counts"]), green=not gate.shut(pr["counts"]))
         if pr["failures"]:
             tr.write_line(
                 tabulate(gate.rows(pr), headers=("cell", "class", "signature here", "on the base"), tablefmt="simple")
