@@ -117,6 +117,18 @@ def marked(prefix):
     return found
 
 
+def lingering(*prefixes, within=15.0):
+    """The marked processes (of any of ``prefixes``) still alive after waiting up to ``within`` seconds for them to
+    go: a process just sent SIGKILL can stay listed for seconds on a loaded machine (2 cores, two xdist workers);
+    one nobody killed stays for good."""
+    deadline = time.monotonic() + within
+    while True:
+        found = [p for prefix in prefixes for p in marked(prefix)]
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)
+
+
 def run_doc(path, index=0):
     """The run document (--simplefsdp-json) at ``path``: its ``index``-th matrix's meta, cells, dropped, ..."""
     return json.loads(Path(path).read_text())["runs"][index]

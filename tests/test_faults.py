@@ -19,7 +19,7 @@ from pytest_simplefsdp.launch.torchrun import TorchrunLauncher, read_root_cause
 from pytest_simplefsdp.spec.cells import Cell
 from pytest_simplefsdp.targets import RankCommand
 
-from helpers import DATA, FAKE_RANK, fake_matrix, interruptible, launcher_ready, marked, ours, run_doc
+from helpers import DATA, FAKE_RANK, fake_matrix, interruptible, launcher_ready, lingering, marked, ours, run_doc
 
 
 @pytest.mark.parametrize("launcher", ["local", "torchrun"])
@@ -134,10 +134,7 @@ def test_sigkill_of_pytest_keeps_finished_results_and_orphans_die(pytester, laun
         time.sleep(0.1)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
-    while marked("hang-r2") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not marked("hang-r2")  # ranks die with their runner
+    assert not lingering("hang-r2", within=30)  # ranks die with their runner (its reaper kills them)
     rendered = subprocess.run(
         [sys.executable, "-m", "pytest_simplefsdp.report", str(runs / "results.jsonl")],
         capture_output=True,
@@ -145,6 +142,19 @@ def test_sigkill_of_pytest_keeps_finished_results_and_orphans_die(pytester, laun
         check=True,
     ).stdout
     assert "1 of 2 valid cells run (1 passed)" in rendered and "pass      pass" in rendered
+
+
+def test_lingering_waits_for_a_killed_process_and_names_one_nobody_killed(tmp_path):
+    """The tests' leak check allows a killed process time to go on a loaded machine, never a live one."""
+    env = dict(os.environ, **{MARKER: "stray-r2:x"})
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env, cwd=tmp_path)
+    try:
+        assert [p.pid for p in lingering("stray-r2", within=1)] == [stray.pid]  # nobody killed it: named
+        stray.kill()
+        assert lingering("stray-r2", within=10) == []
+    finally:
+        stray.kill()
+        stray.wait()
 
 
 def test_end_of_session_sweep_finds_and_kills_this_sessions_processes():

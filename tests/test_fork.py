@@ -7,7 +7,7 @@ import pytest
 from pytest_simplefsdp.launch.fork import _ForkServer
 from pytest_simplefsdp.targets import RankCommand
 
-from helpers import FAKE_RANK, cells_of, fake_matrix, launcher_ready, marked, module_matrix, run_doc
+from helpers import FAKE_RANK, cells_of, fake_matrix, launcher_ready, lingering, marked, module_matrix, run_doc
 
 # every fault of the fake rank, and what each launcher must make of it: (status, failure class, failing rank)
 FAULTS = {
@@ -71,7 +71,7 @@ def test_every_fault_gets_the_same_verdict_failure_class_and_failing_rank_under_
         assert cells["orphan-r2"]["error_line"].startswith("1 process(es) outlived their rank and were killed")
         assert cells["pass-r2"]["losses"] == {"1": 10.0, "2": 5.0, "3": 3.33333}
         assert "Current thread" in open(cells["hang-r2"]["rank_logs"]["1"][0]).read()  # stacks dumped
-        assert not marked("forkserver:") and not any(marked(f"{m}-r2") for m in FAULTS)
+        assert not lingering("forkserver:", *(f"{m}-r2" for m in FAULTS))
         result.assert_outcomes(passed=2, failed=len(FAULTS) - 2)
     assert tables["torchrun"] == FAULTS
     assert all(table == tables["torchrun"] for table in tables.values()), tables
