@@ -7,7 +7,7 @@ import pytest
 
 from pytest_simplefsdp.judge.evidence import Evidence
 from pytest_simplefsdp.judge.results import CellResult
-from pytest_simplefsdp.kinds import FailureClass, Status
+from pytest_simplefsdp.kinds import FailureClass, Status, Tier
 from pytest_simplefsdp.run import checks
 from pytest_simplefsdp.spec.cells import Cell
 
@@ -30,7 +30,7 @@ class Target:
         return None
 
 
-def checked(tmp_path, evidence, losses=None, grad_norms=None, invariants=False):
+def checked(tmp_path, evidence, losses=None, grad_norms=None, invariants=False, tier=Tier.REAL):
     target = Target(evidence)
     spec = SimpleNamespace(
         log_dir=tmp_path, nproc=2, command=SimpleNamespace(env={"SIMPLEFSDP_INVARIANTS": "1"} if invariants else {})
@@ -38,7 +38,7 @@ def checked(tmp_path, evidence, losses=None, grad_norms=None, invariants=False):
     result = CellResult(
         CELL.id, dict(CELL.axes), losses=losses or {1: 10.8, 2: 9.9}, grad_norms=grad_norms or {1: 4.1, 2: 3.7}, world=2
     )
-    checks.run_checks(SimpleNamespace(target=target), CELL, spec, result)
+    checks.run_checks(SimpleNamespace(target=target, matrix=SimpleNamespace(tier=tier)), CELL, spec, result)
     return result, target.calls
 
 
@@ -58,6 +58,16 @@ def test_the_checks_run_in_order_and_the_first_failure_ends_them(tmp_path):
     )
     nan, _ = checked(tmp_path, [SHOWN], losses={1: 10.8, 2: float("nan")})
     assert nan.error_line == "loss is nan at step 2"
+
+
+def test_the_trace_tier_says_a_non_finite_loss_and_does_not_judge_it(tmp_path):
+    """One simulated rank's collectives move no data (torch 2.11's fake process group leaves their outputs
+    uninitialized: NaN losses on 0.2.2): the trace tier judges that the step ran, not what it computed."""
+    traced, calls = checked(tmp_path, [SHOWN], losses={1: float("nan")}, tier=Tier.TRACE)
+    assert (traced.status, calls) == (Status.PASSED, ["evidence"])
+    assert traced.details == [
+        "not judged in the trace tier: loss is nan at step 1 (the fake process group's collectives move no data)"
+    ]
 
 
 def test_evidence_that_contradicts_the_label_or_could_not_be_read(tmp_path):

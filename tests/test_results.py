@@ -82,6 +82,9 @@ def test_pp_stages_without_the_loss_are_not_the_cell_losses():
     assert losses == {1: 8.1324, 2: 7.9001} and grads == {1: 7.9, 2: 7.1}
     assert cell_losses({0: first_stage}) == ({}, {})  # only sentinels: no loss was logged
     assert cell_losses({0: "step:  1  loss: -1.0000\nstep:  2  loss:  0.5\n"})[0] == {1: -1.0, 2: 0.5}  # a real -1
+    # torchtitan 0.2.2 sums -1 over its accumulation steps: -2.0 with two, on every stage before the last
+    summed = first_stage.replace("-1.0000", "-2.00000")
+    assert cell_losses({0: summed, 1: summed, 2: last_stage})[0] == losses
 
 
 def test_a_heap_abort_names_glibcs_message_and_where_python_was():

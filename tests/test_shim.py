@@ -211,3 +211,28 @@ def test_the_grad_probe_reads_full_tensors_with_a_few_batched_collectives(tmp_pa
         assert r["gathers"] == [4, 4], r
         assert r["mixed"] == first["mixed"] and r["mixed"] == pytest.approx({k: r["exact"][k] for k in "abg"}, rel=1e-6)
     assert first["rolled"] != first["whole"]["b"]  # moved values change the checksum (a norm would not see it)
+
+
+ESTIMATE = (
+    "import torch, torch._inductor.fx_passes.overlap_scheduling as o\n"
+    "g = torch.fx.Graph()\n"
+    "a, b = g.placeholder('a'), g.placeholder('b')\n"
+    "a.meta['val'], b.meta['val'] = torch.empty(4, 8), torch.empty(8, 16)\n"
+    "mm = g.call_function(torch.ops.aten.mm.default, (a, b))\n"
+    "mm.meta['val'] = torch.empty(4, 16)\n"
+    "try:\n    print(o.estimate_runtime_analytical(mm))\nexcept Exception as e:\n    print(type(e).__name__)\n"
+)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan.experiments.simple_fsdp") is None, reason="the seed era's patch (titan02)"
+)
+def test_the_autobucketing_pass_estimates_matmuls_on_cpu_where_it_would_ask_the_gpu():
+    """The overlap scheduler of 0.2's auto_bucketing pass costs a matmul by CUDA's roofline (AssertionError on
+    CPU ranks); the seed era's patch costs it 2*M*N*K FLOPs at a nominal 1 TFLOP/s instead."""
+    out = run_python(ESTIMATE, SIMPLEFSDP_CPU_SHIM="titan02")
+    assert out.stdout.split() == [str(2.0 * 4 * 8 * 16 / 1e9)], out.stderr
+    out = run_python(
+        ESTIMATE, SIMPLEFSDP_CPU_SHIM="titan02", SIMPLEFSDP_CPU_SHIM_SKIP="autobucketing_analytic_estimates"
+    )
+    assert out.stdout.split() == ["AssertionError"], out.stderr

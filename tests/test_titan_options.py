@@ -518,3 +518,82 @@ def test_cells_not_offered_are_listed_as_n_a_with_their_reason(pytester, tmp_pat
     )
     result.stdout.fnmatch_lines(["*titan_spmd_run.yaml: 2 valid cells, 1 n/a*"])
     assert "full_dtensor SKIPPED" not in result.stdout.str()
+
+
+# the options of torchtitan 0.2's JobConfig (with simple_fsdp's) that a titan02-cpu cell sets, per release
+SEED_ERA = [
+    *("job.config_file", "job.custom_config_module", "job.dump_folder", "model.name", "model.flavor"),
+    *(f"parallelism.{d}" for d in ("data_parallel_replicate_degree", "data_parallel_shard_degree")),
+    *(f"parallelism.{d}" for d in ("tensor_parallel_degree", "expert_parallel_degree", "pipeline_parallel_degree")),
+    *("parallelism.expert_tensor_parallel_degree", "parallelism.context_parallel_degree", "compile.enable"),
+    *("compile.backend", "activation_checkpoint.mode"),
+    *("training.steps", "training.seq_len", "training.local_batch_size", "metrics.log_freq"),
+    *("metrics.disable_color_printing", "model.hf_assets_path", "training.dataset_path"),
+]
+RELEASES = {
+    "0.2.0": {"training.seed", "training.deterministic", "compile.model_backend_override"},
+    "0.2.2": {"debug.seed", "debug.deterministic", "compile.graph_passes", "comm.mode"},
+}
+
+
+def seed_era_target(monkeypatch, release, name="titan02-cpu.yaml", gpus=0, tier="real"):
+    """The titan02 target on a shipped profile, bound to the option table of a fake torchtitan ``release``."""
+    from pytest_simplefsdp.paths import MATRIX_DIR
+    from pytest_simplefsdp.spec.matrix import with_tier
+
+    torch = {"0.2.0": "2.10.0", "0.2.2": "2.11.0"}[release]  # the torch each was released against
+    monkeypatch.setattr(targets, "installed", {"torch": torch, "torchtitan": release}.get)
+    monkeypatch.setattr(targets, "torchtitan_trainers", lambda: {"simple_fsdp"})
+    matrix = load_matrix(MATRIX_DIR / name)
+    target = make_target(with_tier(matrix, tier, gpus) if gpus else with_tier(matrix, tier), MATRIX_DIR)
+    choices = {"compile.graph_passes": ("auto_bucketing", "transformer_block_bucketing"), "comm.mode": None}
+    names = {n: choices.get(n) for n in [*SEED_ERA, *RELEASES[release]]}
+    target.options[target.job_config({})] = Options(names, f"torchtitan {release} (JobConfig)")
+    return target, {c.id: c for c in expand(target.matrix)[0]}
+
+
+@pytest.mark.parametrize("release", ["0.2.0", "0.2.2"])
+def test_the_seed_era_is_spelled_by_the_installed_release_without_a_forced_deterministic_mode(
+    monkeypatch, tmp_path, release
+):
+    """titan02 writes 0.2.0's names; 0.2.1 moved the seed under [debug] (PR 1807) and chose SimpleFSDP's bucketing
+    pass by --compile.graph_passes (PR 1881): each release gets its own spelling, no profile without numerics gets
+    deterministic mode, and torch 2.11 (0.2.2's) is in the target's range."""
+    target, cells = seed_era_target(monkeypatch, release)
+    assert target.check_installed() is None
+    argv = " ".join(map(str, target.command(cells["llama3-dp2-compiled-autobucketing"], tmp_path / "dump").argv))
+    if release == "0.2.0":
+        assert "--training.seed 42" in argv and "--compile.model_backend_override aot_eager_autobucketing" in argv
+    else:
+        assert "--debug.seed 42" in argv and "--compile.graph_passes auto_bucketing" in argv
+        assert "--training.seed" not in argv and "model_backend_override" not in argv
+    assert "deterministic" not in argv
+
+
+def test_the_seed_eras_torch_range_ends_before_2_12(monkeypatch):
+    target, _ = seed_era_target(monkeypatch, "0.2.2")
+    monkeypatch.setattr(targets, "installed", {"torch": "2.12.0", "torchtitan": "0.2.2"}.get)
+    assert "target titan02 supports torch >=2.10,<2.12, but torch 2.12.0 is installed" in target.check_installed()
+
+
+def test_deterministic_mode_only_where_numerics_compare_the_cell(fake_torchtitan, tmp_path, monkeypatch):
+    """A profile with numerics runs its cells deterministic (their losses are compared bitwise or within a noise
+    tolerance); the same profile without numerics does not force it."""
+    target, (cell,) = fake_torchtitan("titan_numerics")
+    assert "--debug.deterministic" in argv_of(target, cell, tmp_path)
+    target.matrix = dataclasses.replace(target.matrix, numerics=None)
+    assert "--debug.deterministic" not in argv_of(target, cell, tmp_path)
+
+
+def test_the_seed_eras_trace_tier_runs_on_one_gpu_where_one_is_visible(monkeypatch, tmp_path):
+    """titan02-h100x8's trace tier: on a CPU machine one simulated rank with the CPU settings (aot_eager, CPU
+    patches); with a GPU visible the profile's own settings (inductor, seq_len 2048) on CUDA, no CPU patches; both
+    over 0.2.2's fake process group (--comm.mode fake_backend, NGPU the simulated world)."""
+    for gpus, device, backend in ((0, "cpu", "aot_eager"), (1, "cuda", "inductor")):
+        target, cells = seed_era_target(monkeypatch, "0.2.2", "titan02-h100x8.yaml", gpus, "trace")
+        assert str(target.matrix.device) == device
+        command = target.command(cells["llama3-dpr2-dp2-tp2-compiled"], tmp_path / "dump")
+        argv = " ".join(map(str, command.argv))
+        assert "--comm.mode fake_backend" in argv and f"--compile.backend {backend}" in argv
+        assert command.env["NGPU"] == "8" and ("SIMPLEFSDP_CPU_SHIM" in command.env) is (device == "cpu")
+        assert ("--training.seq_len 2048" in argv) is (device == "cuda")

@@ -79,3 +79,39 @@ def test_known_failure_can_name_the_tier(run_matrix, pytester):
     )
     result = run_matrix(MATRIX, "--simplefsdp-tier=trace", f"--simplefsdp-known-failures={kf}")
     result.assert_outcomes(passed=1, xfailed=1)
+
+
+GPU = """\
+  gpu:
+    settings: {steps: 2}
+    rules:
+      - name: gpu-no-fail
+        drop_if: mode == 'fail'
+        reason: not on the GPU
+"""
+
+
+def test_with_a_gpu_visible_a_gpu_profile_traces_on_one_gpu_by_its_gpu_section(run_matrix, pytester, monkeypatch):
+    """One visible GPU (as the plugin counts them: the fake rank needs none): each cell's simulated rank runs on the
+    GPU with `trace.gpu`'s settings and rules, not the CPU's (PP stays: its rule is the CPU's), the dry run says
+    where, and every report says these are one GPU's simulated ranks."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    dry = run_matrix(MATRIX + GPU, "--simplefsdp-tier=trace", "--simplefsdp-dry-run")
+    dry.stdout.fnmatch_lines(["*fake.yaml[[]trace[]]::pass-dp8  [[]1 simulated rank of 8, on one GPU, timeout*"])
+    out, md = pytester.path / "run.json", pytester.path / "status.md"
+    result = run_matrix(
+        MATRIX + GPU, "--simplefsdp-tier=trace", f"--simplefsdp-json={out}", f"--simplefsdp-status-md={md}", "-v"
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["*TRACE TIER, ONE GPU, SIMULATED RANKS: each cell ran as ONE simulated rank on one GPU*", "*gpu-no-fail 2*"]
+    )
+    run = run_doc(out)
+    assert (run["meta"]["tier"], run["meta"]["device"]) == ("trace", "cuda")
+    assert {c["id"]: sorted(c["losses"]) for c in run["cells"]} == {"pass-dp8": ["1", "2"], "pass-dp4-pp2": ["1", "2"]}
+    assert "TRACE TIER, ONE GPU, SIMULATED RANKS" in md.read_text()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: the CPU's settings and rules, and its note
+    cpu = run_matrix(MATRIX + GPU, "--simplefsdp-tier=trace", "--simplefsdp-dry-run")
+    cpu.stdout.fnmatch_lines(
+        ["*pass-dp8  [[]1 simulated rank of 8, on this CPU, timeout*", "*fake.yaml[[]trace[]]: 2 valid cells, 6 n/a"]
+    )

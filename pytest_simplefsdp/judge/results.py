@@ -181,14 +181,17 @@ def parse_losses(text, pattern=LOSS):
     return losses
 
 
-NO_LOSS = -1.0  # what torchtitan 0.2 logs as the loss of a rank that holds none (PP stages before the last)
+def no_loss(value: float) -> bool:
+    """What torchtitan 0.2 logs as the loss of a rank that holds none (PP stages before the last): a -1 per step it
+    sums (0.2.0 logged -1.0; 0.2.2 sums its gradient-accumulation steps: -2.0 in titan02-cpu's PP cell)."""
+    return value < 0 and float(value).is_integer()
 
 
 def cell_losses(texts: dict) -> tuple[dict, dict]:
     """(losses, grad norms) of the first rank (by number) that logged real losses; ({}, {}) when none did."""
     for rank in sorted(texts):
         losses = parse_losses(texts[rank])
-        if losses and not all(v == NO_LOSS for v in losses.values()):
+        if losses and not all(no_loss(v) for v in losses.values()):
             return losses, parse_losses(texts[rank], GRAD_NORM)
     return {}, {}
 

@@ -22,11 +22,11 @@ from .tables import (
     GRID_KEY,
     MUTATION_HEADERS,
     STATUS_MD,
-    TRACE_NOTE,
     grid,
     mutation_rows,
     mutation_score,
     summary_counts,
+    trace_note,
     where_line,
 )
 
@@ -69,8 +69,8 @@ def render_md(doc, base=None):
         out.extend(gate.markdown(pr))
     for run in doc["runs"]:
         meta = run["meta"]
-        if meta.get("tier") not in (None, "real"):
-            out.extend([f"> {TRACE_NOTE}", ""])
+        if trace_note(meta):
+            out.extend([f"> {trace_note(meta)}", ""])
         out.extend(
             [
                 f"## Profile {meta.get('profile', '?')} — {summary_counts(run)}",

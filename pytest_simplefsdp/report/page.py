@@ -22,7 +22,7 @@ from .combos import failing_combinations
 from .compare import MARKS, key
 from .markdown import LEGEND, model_grid
 from .status import features
-from .tables import NOT_RUN, TRACE_NOTE, grid, summary_counts, where_line
+from .tables import NOT_RUN, grid, summary_counts, trace_note, where_line
 
 STYLE = """body{font-family:sans-serif;margin:1.5em;max-width:90em}table{border-collapse:collapse;margin:.5em 0 1.5em}
 td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;font-size:90%;vertical-align:top}a{text-decoration:none}
@@ -186,8 +186,8 @@ def _run(run, changes, link):
         f"{_e(meta.get('tier', 'real'))}, {_e(versions)}, {_e(meta.get('date', ''))}{_e(where_line(meta))}; "
         f"{_e(summary_counts(run))}</p>",
     ]
-    if meta.get("tier") == "trace":
-        out.append(f"<p><b>{_e(TRACE_NOTE)}</b></p>")
+    if trace_note(meta):
+        out.append(f"<p><b>{_e(trace_note(meta))}</b></p>")
     groups = features(run)
     if groups:
         out.append("<h3>Status by feature</h3>")

@@ -36,6 +36,18 @@ TRACE_NOTE = (
     "TRACE TIER: each cell ran as ONE simulated rank on a CPU machine (fake process group): config, "
     "parallelisation, tracing and one step were checked; numerics were not; this is not a GPU run"
 )
+TRACE_GPU_NOTE = (
+    "TRACE TIER, ONE GPU, SIMULATED RANKS: each cell ran as ONE simulated rank on one GPU (fake process group: "
+    "no other rank ran and no collective moved data); that rank's kernels, steps and memory are real, its "
+    "losses are not a real run's; numerics were not compared; this is not a multi-GPU run"
+)
+
+
+def trace_note(meta) -> str | None:
+    """What a trace run's reports say above its cells (None for the real tier): where its simulated ranks ran."""
+    if meta.get("tier") in (None, "real"):
+        return None
+    return TRACE_GPU_NOTE if meta.get("device") == "cuda" else TRACE_NOTE
 
 
 def cell_text(rec):
@@ -210,8 +222,8 @@ def render_text(doc, verbose=False, root="."):
             f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
             f"target {meta.get('target', '?')}, launcher {ran_under(run)}): {counts}"
         )
-        if meta.get("tier") == "trace":
-            out.append(TRACE_NOTE)
+        if trace_note(meta):
+            out.append(trace_note(meta))
         if run["cells"]:
             headers, body = grid(run)
             out.append(tabulate(body, headers=headers, tablefmt="simple"))

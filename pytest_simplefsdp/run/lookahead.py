@@ -113,11 +113,18 @@ def _plan(state, selected, progress, tr):
 def _job(state, tr, run, cell, verbose, note=""):
     spec = state.runner.spec_for(run, cell, port=29500, seed=_seed(state, run, cell))
     tr.write_line(
-        f"{run.name}::{cell.id}  [{plural(cell.world, 'rank')}, timeout {spec.timeout:.0f} s]"
+        f"{run.name}::{cell.id}  [{ranks(run, cell, spec.device)}, timeout {spec.timeout:.0f} s]"
         + (f"  {note}" if note else "")
     )
     if verbose:
         _command(state, tr, run, cell)
+
+
+def ranks(run, cell, device) -> str:
+    """How many ranks a cell's launch runs, and where a trace cell's one simulated rank runs."""
+    if run.processes(cell) == cell.world:
+        return plural(cell.world, "rank")
+    return f"1 simulated rank of {cell.world}, on {'one GPU' if str(device) == 'cuda' else 'this CPU'}"
 
 
 def _seed(state, run, cell):

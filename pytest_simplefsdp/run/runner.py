@@ -98,7 +98,7 @@ class CellRunner:
             port,
             self.settings.log_limit_bytes,
             first_rank=first,
-            device=run.matrix.device if run.matrix.tier == Tier.REAL else "cpu",
+            device=run.matrix.device,  # (the trace tier's: this CPU, or one GPU where with_tier put it)
         )
 
     def prepare(self, run):

@@ -147,7 +147,9 @@ class Controller:
         for item in cells:
             if not state.skip_entry(item.run, item.cell) and item.run.name not in state.unavailable:
                 state.packer.add(
-                    item.nodeid, item.cell.world, lambda devs, item=item: state.run_and_check(item.run, item.cell, devs)
+                    item.nodeid,
+                    item.run.processes(item.cell),
+                    lambda devs, item=item: state.run_and_check(item.run, item.cell, devs),
                 )
 
     def _progress(self, cells, jobs):

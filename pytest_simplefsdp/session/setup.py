@@ -339,8 +339,8 @@ def check_gpus(runs, runner):
     skipped with the reason. Returns run name -> why its cells cannot run here."""
     have, out = len(cuda_device_ids()), {}
     for run in runs:
-        if run.matrix.device == Device.CUDA and not runner.launcher_for(run).remote:  # (trace tier: CPU)
-            need = max((c.world for c in run.cells), default=0)
+        if run.matrix.device == Device.CUDA and not runner.launcher_for(run).remote:
+            need = max((run.processes(c) for c in run.cells), default=0)
             if have < need:
                 out[run.name] = (
                     f"profile {run.matrix.profile} needs {need} CUDA devices, {have} visible "

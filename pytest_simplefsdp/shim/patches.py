@@ -170,6 +170,33 @@ def grouped_mm_on_cpu():
             module.has_cuda_capability = lambda major, minor: True
 
 
+def autobucketing_analytic_estimates():
+    """SimpleFSDP's ``auto_bucketing`` pass (inductor's overlap scheduler) times every compute node with Triton's GPU
+    benchmark, which has no CPU driver ("0 active drivers"), and its roofline fallback reads CUDA's capabilities. On
+    CPU ranks a matmul costs its FLOPs at a nominal 1 TFLOP/s and every other compute node nothing (the collectives
+    keep the scheduler's own analytical estimates): the pass still buckets and reorders, by other times than a GPU's."""
+
+    @after_import("torch._inductor.fx_passes.overlap_scheduling")
+    def patch(module):
+        original = module.benchmark_node_with_cache_key
+
+        def estimated(n, custom_runtime_estimation=None):
+            return original(n, custom_runtime_estimation or nominal_mm_time)
+
+        module.benchmark_node_with_cache_key = estimated
+        module.estimate_runtime_analytical = nominal_mm_time  # (also logged beside every benchmark)
+
+
+def nominal_mm_time(node, override_size=None):
+    """Milliseconds of an ``aten.mm`` node at 1 TFLOP/s (1e9 FLOPs a millisecond); 0 for any other node."""
+    import torch
+
+    if node.target != torch.ops.aten.mm.default:
+        return 0.0
+    a, b = (arg.meta["val"].shape for arg in node.args[:2])
+    return 2.0 * a[0] * a[1] * b[1] / 1e9
+
+
 def end_of_run_sleep():
     """Rank 0 ends every run with ``time.sleep(2)`` "for other ranks to complete" (0.3's trainer.py). No rank
     needs it here: the launcher waits for every rank, and the last collective is behind all of them. It is
@@ -195,11 +222,11 @@ SHARED = {
     "device_type_cpu": device_type_cpu,
     "cpu_memory_monitor": cpu_memory_monitor,
     "barrier_device_ids": barrier_device_ids,
+    "dram_bandwidth_constant": dram_bandwidth_constant,
 }
 PATCH_SETS = {  # SIMPLEFSDP_CPU_SHIM names the set: one per torchtitan generation
     "titan03": {
         **SHARED,
-        "dram_bandwidth_constant": dram_bandwidth_constant,
         "cpu_sdpa_saved": cpu_sdpa_saved,
         "fsdp2_sum_reduction": fsdp2_sum_reduction,
         "end_of_run_sleep": end_of_run_sleep,
@@ -210,5 +237,6 @@ PATCH_SETS = {  # SIMPLEFSDP_CPU_SHIM names the set: one per torchtitan generati
         "histc_integer_input": histc_integer_input,
         "fill_indices_tensor_ops": fill_indices_tensor_ops,
         "grouped_mm_on_cpu": grouped_mm_on_cpu,
+        "autobucketing_analytic_estimates": autobucketing_analytic_estimates,
     },
 }

@@ -205,7 +205,8 @@ def expand(matrix: Matrix):
                 candidates.append((axes, entry.where))
 
     # a tier's own rules may drop an included cell (the trace tier cannot run everything the profile asks for)
-    tier_rules = {r.name for r in matrix.trace["rules"]} if matrix.tier != "real" and matrix.trace else set()
+    trace = matrix.trace if matrix.tier != "real" and matrix.trace else None
+    tier_rules = {r.name for r in trace["rules"] + trace["gpu"]["rules"]} if trace else set()
     cells, dropped, by_id = [], [], {}
     for axes, where in candidates:
         cid = cell_id(matrix, axes)

@@ -46,11 +46,13 @@ TOP_KEYS = {
     "update_atol, update_steps}], noise: FILE (each layout's measured noise: its tolerance, see "
     "docs/design.md)}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
-    "profile's when each cell runs as one simulated rank on a CPU machine",
+    "profile's when each cell runs as one simulated rank on a CPU machine; gpu: {settings, rules} instead where "
+    "a GPU profile's simulated rank runs on a visible GPU (the profile's own models, inductor for real)",
     "versions": "package -> versions every cell runs on ({torch: [installed, 2.15.0]}): an axis `versions` whose "
     "values are version sets (torch==2.15.0); each set runs in an environment of its own (uv)",
 }
-TRACE_KEYS = {"models", "settings", "rules", "rank"}
+TRACE_KEYS = {"models", "settings", "rules", "rank", "gpu"}
+TRACE_GPU_KEYS = {"settings", "rules"}
 NUMERICS_KEYS = {"global_batch_size", "baseline", "lanes", "noise"}
 NOISE_KINDS = ("loss", "grad_norm", "update_norm")  # what a noise file measures per layout
 LANE_KEYS = {
@@ -354,11 +356,20 @@ def _trace(path, doc, lines):
     _check_keys(path, node, TRACE_KEYS, "trace")
     for key in ("models", "settings"):
         _mapping_or_none(path, node, key, line_of(path, node, key=key) if key in node else None, "trace.")
+    gpu = node.get("gpu") or {}
+    if not isinstance(gpu, dict):
+        raise MatrixError(
+            f"{line_of(path, node, key='gpu')}: `trace.gpu` must be a mapping with keys {sorted(TRACE_GPU_KEYS)}"
+        )
+    _check_keys(path, gpu, TRACE_GPU_KEYS, "trace.gpu")
+    if "settings" in gpu:
+        _mapping_or_none(path, gpu, "settings", line_of(path, gpu, key="settings"), "trace.gpu.")
     return {
         "models": plain(node.get("models") or {}),
         "settings": plain(node.get("settings") or {}),
         "rules": _rules(path, node),
         "rank": int(node.get("rank", 0)),
+        "gpu": {"settings": plain(gpu.get("settings") or {}), "rules": _rules(path, gpu) if gpu else []},
     }
 
 
@@ -621,13 +632,24 @@ def _noise(path, node):
     return Noise(file, numbers["margin"], numbers["floor"], plain(doc.get("measured_on") or {}), layouts)
 
 
-def with_tier(matrix: Matrix, tier: Tier | str) -> Matrix:
-    """The matrix as a tier runs it. ``trace``: every cell is one simulated rank on this CPU
-    machine (torchtitan's fake backend), with the file's `trace` models, settings and rules."""
+def with_tier(matrix: Matrix, tier: Tier | str, gpus: int = 0) -> Matrix:
+    """The matrix as a tier runs it. ``trace``: every cell is one simulated rank (torchtitan's fake backend): on this
+    CPU machine with the file's `trace` models, settings and rules; or, for a GPU profile where ``gpus`` GPUs are
+    visible, on one GPU with the profile's own models and `trace.gpu`'s settings and rules (its inductor cells
+    compile and run for real there)."""
     if tier == "real":
         return matrix
     if not matrix.trace:
         raise MatrixError(f"{matrix.path}: tier {tier!r} needs a `trace` section in the matrix file")
+    if gpus > 0 and matrix.device == Device.CUDA:
+        gpu = matrix.trace["gpu"]
+        return replace(
+            matrix,
+            tier=Tier.of(tier),
+            numerics=None,
+            settings={**matrix.settings, **gpu["settings"]},
+            rules=matrix.rules + gpu["rules"],
+        )
     models = {m: {**matrix.models.get(m, {}), **facts} for m, facts in matrix.models.items()}
     for m, facts in matrix.trace["models"].items():
         models[m] = {**models.get(m, {}), **facts}

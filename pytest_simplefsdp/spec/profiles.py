@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ..kinds import RecordType
+from ..kinds import RecordType, Tier
 from ..machine import cuda_device_ids, installed, installed_commit, machine, torchtitan_trainers, versions
 from ..paths import MATRIX_DIR
 from ..versions.git import Commit
@@ -84,7 +84,8 @@ class MatrixRun:
     """One matrix file of the session: its matrix (in the session's tier), target, cells and n/a cells."""
 
     def __init__(self, path, config, cache_dir, tier="real", versions=()):
-        self.matrix = with_versions(with_tier(with_source(load_matrix(path)), tier), versions)
+        gpus = len(cuda_device_ids()) if tier == "trace" else 0  # a GPU profile's simulated rank runs on one
+        self.matrix = with_versions(with_tier(with_source(load_matrix(path)), tier, gpus), versions)
         self.target = config.hook.pytest_simplefsdp_make_target(matrix=self.matrix, cache_dir=cache_dir)
         self.cells, self.dropped = expand(self.matrix)
         config.hook.pytest_simplefsdp_modify_cells(
@@ -95,6 +96,10 @@ class MatrixRun:
             self.name += f"[{tier}]"
         self.prepared = False
         self.torchtitan_repo = None  # the checkout that orders torchtitan commits (the session's; see commit_of)
+
+    def processes(self, cell) -> int:
+        """How many processes (and GPUs, on a GPU) the cell's launch takes: its world, or one simulated rank."""
+        return 1 if self.matrix.tier == Tier.TRACE else cell.world
 
     NOT_OFFERED = "not-offered"  # the rule name of the cells the installed torchtitan does not offer (target.bind)
 

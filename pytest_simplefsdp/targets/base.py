@@ -231,12 +231,15 @@ class TorchtitanTarget(Target):
         """Our run settings and where the assets are (steps and batch given: upstream runs and numerics set them),
         in the generation's option names (RUN_OPTIONS)."""
         s, name = self.matrix.settings, self.RUN_OPTIONS
+        # deterministic mode only where numerics compare the cell's losses: it is a mode its users do not train in,
+        # and it changes what runs (inductor refuses the seed era's auto_bucketing pass under it)
+        deterministic = [Flag(name["deterministic"], True, "numerics")] if self.matrix.numerics else []
         return [
             Flag("training.steps", steps, "setting steps"),
             Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
             Flag("training.local_batch_size", local_batch, "setting local_batch_size"),
             Flag(name["seed"], s.get("seed", 42), "setting seed"),
-            Flag(name["deterministic"], True, "target"),
+            *deterministic,
             Flag("metrics.log_freq", 1, "target"),
             Flag("metrics.disable_color_printing", True, "target"),
             Flag(name["tokenizer"], self.tokenizer, "target"),

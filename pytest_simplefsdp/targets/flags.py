@@ -32,7 +32,8 @@ from ..shim.options import ANY, SET_ENV
 
 @dataclass(frozen=True)
 class Flag:
-    """One option of a cell's command, under its torchtitan 0.3.0 name."""
+    """One option of a cell's command, under the name its target writes (titan03: torchtitan 0.3.0's; titan02:
+    0.2.0's)."""
 
     name: str  # dotted, e.g. "training.seq_len"
     value: object = True  # True: a bare switch (--training.disable_cuda_graphs)
@@ -41,7 +42,8 @@ class Flag:
 
 @dataclass(frozen=True)
 class Rename:
-    """An option torchtitan renamed after 0.3.0; ``convert`` maps the old value, given the cell's flags."""
+    """An option torchtitan renamed after the release a target writes; ``convert`` maps the old value, given the
+    cell's flags. Applied only where the installed torchtitan lacks the old name and has the new one."""
 
     old: str
     new: str
@@ -62,9 +64,30 @@ def _microbatch_tokens(value, flags):
     return _tokens(flags[MICROBATCH].value if MICROBATCH in flags else value, flags)
 
 
+def _bucketing_pass(value, flags):
+    """0.2.0's backend override ``aot_eager_autobucketing`` as the pass PR 1881 chose by name (the backend is the
+    cell's --compile.backend); any other value goes as it is, for the option's choices to refuse."""
+    return "auto_bucketing" if value == "aot_eager_autobucketing" else value
+
+
 RENAMES = {
     r.old: r
     for r in (
+        # the seed era (titan02 writes 0.2.0's names)
+        Rename("training.seed", "debug.seed", lambda v, f: v, "torchtitan PR 1807 (0.2.1): seed under [debug]"),
+        Rename(
+            "training.deterministic",
+            "debug.deterministic",
+            lambda v, f: v,
+            "torchtitan PR 1807 (0.2.1): deterministic under [debug]",
+        ),
+        Rename(
+            "compile.model_backend_override",
+            "compile.graph_passes",
+            _bucketing_pass,
+            "torchtitan PR 1881 (0.2.1): SimpleFSDP's bucketing passes chosen by --compile.graph_passes",
+        ),
+        # after 0.3.0 (titan03 writes 0.3.0's names)
         Rename("training.seq_len", "training.max_context_length", lambda v, f: v, "torchtitan PR 4121"),
         Rename(
             "training.local_batch_size",

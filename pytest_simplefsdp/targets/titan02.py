@@ -23,16 +23,17 @@ class Titan02(TorchtitanTarget):
     PATHS = "titan02"
     WRITTEN_AS = "0.2.0"
     TRAINER = "simple_fsdp"
-    TESTED = "torchtitan 0.2.0"
-    RUN_OPTIONS = {
+    TESTED = "torchtitan 0.2.0 (torch 2.10.0) and 0.2.2 (torch 2.11.0)"
+    RUN_OPTIONS = {  # 0.2.0's names: 0.2.1 moved seed and deterministic under debug (flags.RENAMES respells them)
         "seed": "training.seed",
-        "deterministic": "training.deterministic",  # (0.3 moved these)
+        "deterministic": "training.deterministic",
         "tokenizer": "model.hf_assets_path",
         "dataset": "training.dataset_path",
     }
     # torchtitan 0.2.0 (2025-10-18) was tested on the torch nightly of its day, which 2.9.x predates (its
-    # code needs dynamo's DeviceMesh.mesh_dim_names, pytorch PR 164200): 2.10 is the nearest release
-    SUPPORTS = {"torch": ">=2.10,<2.11"}  # (torchtitan: judged by what it ships, TRAINER)
+    # code needs dynamo's DeviceMesh.mesh_dim_names, pytorch PR 164200): 2.10 is the nearest release; 0.2.2
+    # (2026-02-20) is torch 2.11's, the torch of the lent GPU's image
+    SUPPORTS = {"torch": ">=2.10,<2.12"}  # (torchtitan: judged by what it ships, TRAINER)
     AXES = {
         "model": ("llama3", "deepseek_v3"),
         **dict.fromkeys(flags("titan02"), int),  # the degrees
@@ -120,6 +121,8 @@ class Titan02(TorchtitanTarget):
         flags.append(Flag("activation_checkpoint.mode", "selective" if ac == "op" else ac, f"axis ac={ac}"))
         if ac == "op":
             flags.append(Flag("activation_checkpoint.selective_ac_option", "op", "axis ac=op"))
+        if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world (0.2.1+)
+            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
         return merged(flags + ours + self.feature_flags(a, run))
 
     def command(self, cell, dump_folder: Path, run=0, **_):
@@ -128,6 +131,8 @@ class Titan02(TorchtitanTarget):
             *map(str, self.matrix.settings.get("extra_args", [])),
         ]
         env = shim_env(self.matrix.device, self.name)
+        if self.matrix.tier == "trace":
+            env["NGPU"] = str(cell.world)  # the world 0.2's fake backend simulates
         if cell.axes.get("compile") == "compiled":
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         test = self.upstream_test(cell.axes)
