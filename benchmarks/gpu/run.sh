@@ -54,7 +54,7 @@ if [ "$REHEARSAL" = 1 ]; then  # a CPU copy of the one-GPU profile, at a CPU's s
   # the trace tier picks CPU and its CPU settings by itself (no GPU visible)
   sed -e 's/^device: cuda/device: cpu/' -e 's/^settings: .*/settings: {steps: 3, seq_len: 256, local_batch_size: 2, seed: 42, compile_backend: aot_eager}/' \
     "$REPO/benchmarks/gpu/$WORLD1" > "$W/$WORLD1"
-  M1=$W/$WORLD1 DEFAULT1=smoke DEFAULT2="llama3-dpr2-dp2-tp2-compiled or deepseek_v3-dp4-tp2-ep2-eager and not ac_"
+  M1=$W/$WORLD1 DEFAULT1=smoke DEFAULT2="llama3-dpr2-dp2-tp2-compiled"  # (EP cells read torch 2.11's garbage splits)
 else
   M1=$REPO/benchmarks/gpu/$WORLD1 DEFAULT1="smoke or not smoke"
   DEFAULT2="llama3-dpr2-dp2-tp2-compiled or llama3-dp2-tp2-compiled-cp2 or deepseek_v3-dp4-tp2-ep2-eager and not ac_"
