@@ -275,8 +275,9 @@ OPTIONS = [
         "string",
         "real",
         "real: every rank runs (the profile's device); trace: each cell is one "
-        "simulated rank on this CPU machine (torchtitan's fake backend): config, "
-        "parallelisation, tracing and one step are judged, numerics are not",
+        "simulated rank (torchtitan's fake backend) on this CPU machine, or for a GPU "
+        "profile on one visible GPU each (the matrix's trace.gpu): config, "
+        "parallelisation, tracing and the steps are judged, numerics are not",
         lambda name, value: Tier(one_of("real", "trace")(name, value)),
         metavar="real|trace",
     ),

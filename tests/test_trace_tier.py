@@ -115,3 +115,18 @@ def test_with_a_gpu_visible_a_gpu_profile_traces_on_one_gpu_by_its_gpu_section(r
     cpu.stdout.fnmatch_lines(
         ["*pass-dp8  [[]1 simulated rank of 8, on this CPU, timeout*", "*fake.yaml[[]trace[]]: 2 valid cells, 6 n/a"]
     )
+
+
+@pytest.mark.parametrize(
+    "gpu, message",
+    [
+        ("  gpu: [steps]\n", "*fake.yaml:27: `trace.gpu` must be a mapping with keys [[]'rules', 'settings'[]]*"),
+        ("  gpu:\n    models: {}\n", "*fake.yaml:28: unknown trace.gpu key 'models'; allowed: rules, settings*"),
+        ("  gpu:\n    settings: 3\n", "*fake.yaml:28: `trace.gpu.settings` must be a mapping (name: value), got 3"),
+    ],
+    ids=["not-a-mapping", "unknown-key", "settings-not-a-mapping"],
+)
+def test_a_bad_trace_gpu_section_names_its_file_line_and_value(run_matrix, gpu, message):
+    result = run_matrix(MATRIX + gpu, "--simplefsdp-tier=trace", "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])

@@ -21,12 +21,10 @@ STEP = re.compile(r"step:\s*(\d+)\s.*?memory:\s*(-?[\d.]+)GiB.*?tps:\s*([\d,]+)"
 
 def from_log(paths) -> dict:
     """Peak memory (GiB, the largest a step reported) and median tokens/s of the first rank's log."""
-    steps = []
-    for path in paths[:1]:
-        try:
-            steps = [m.groups() for m in STEP.finditer(Path(path).read_text(errors="replace"))]
-        except OSError:
-            pass
+    try:
+        steps = [m.groups() for m in STEP.finditer(Path(paths[0]).read_text(errors="replace"))] if paths else []
+    except OSError:
+        steps = []
     if not steps:
         return {"peak_memory_gib": None, "tokens_per_s": None, "steps_logged": 0}
     peak = max(float(m) for _, m, _ in steps)

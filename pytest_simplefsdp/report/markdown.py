@@ -69,8 +69,8 @@ def render_md(doc, base=None):
         out.extend(gate.markdown(pr))
     for run in doc["runs"]:
         meta = run["meta"]
-        if trace_note(meta):
-            out.extend([f"> {trace_note(meta)}", ""])
+        if note := trace_note(meta):
+            out.extend([f"> {note}", ""])
         out.extend(
             [
                 f"## Profile {meta.get('profile', '?')} — {summary_counts(run)}",

@@ -186,8 +186,8 @@ def _run(run, changes, link):
         f"{_e(meta.get('tier', 'real'))}, {_e(versions)}, {_e(meta.get('date', ''))}{_e(where_line(meta))}; "
         f"{_e(summary_counts(run))}</p>",
     ]
-    if trace_note(meta):
-        out.append(f"<p><b>{_e(trace_note(meta))}</b></p>")
+    if note := trace_note(meta):
+        out.append(f"<p><b>{_e(note)}</b></p>")
     groups = features(run)
     if groups:
         out.append("<h3>Status by feature</h3>")

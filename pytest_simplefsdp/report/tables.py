@@ -222,8 +222,8 @@ def render_text(doc, verbose=False, root="."):
             f"simplefsdp matrix {meta.get('matrix', '?')} (profile {meta.get('profile', '?')}, "
             f"target {meta.get('target', '?')}, launcher {ran_under(run)}): {counts}"
         )
-        if trace_note(meta):
-            out.append(trace_note(meta))
+        if note := trace_note(meta):
+            out.append(note)
         if run["cells"]:
             headers, body = grid(run)
             out.append(tabulate(body, headers=headers, tablefmt="simple"))

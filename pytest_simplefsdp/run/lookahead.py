@@ -124,7 +124,7 @@ def ranks(run, cell, device) -> str:
     """How many ranks a cell's launch runs, and where a trace cell's one simulated rank runs."""
     if run.processes(cell) == cell.world:
         return plural(cell.world, "rank")
-    return f"1 simulated rank of {cell.world}, on {'one GPU' if str(device) == 'cuda' else 'this CPU'}"
+    return f"1 simulated rank of {cell.world}, on {'one GPU' if device == Device.CUDA else 'this CPU'}"
 
 
 def _seed(state, run, cell):

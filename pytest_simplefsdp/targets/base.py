@@ -246,6 +246,15 @@ class TorchtitanTarget(Target):
             Flag(name["dataset"], self.dataset, "target"),
         ]
 
+    def trace_flags(self) -> list:
+        """The trace tier's: one process over torchtitan's fake process group (0.2.1+), of the world ``trace_env``
+        names."""
+        return [Flag("comm.mode", "fake_backend", "tier trace")] if self.matrix.tier == "trace" else []
+
+    def trace_env(self, cell) -> dict:
+        """The world the trace tier's fake process group simulates (torchtitan reads ``NGPU``)."""
+        return {"NGPU": str(cell.world)} if self.matrix.tier == "trace" else {}
+
     def check(self):
         check_values(self.matrix, self.AXES)
         for model, facts in self.matrix.models.items():

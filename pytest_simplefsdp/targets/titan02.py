@@ -121,18 +121,14 @@ class Titan02(TorchtitanTarget):
         flags.append(Flag("activation_checkpoint.mode", "selective" if ac == "op" else ac, f"axis ac={ac}"))
         if ac == "op":
             flags.append(Flag("activation_checkpoint.selective_ac_option", "op", "axis ac=op"))
-        if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world (0.2.1+)
-            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
-        return merged(flags + ours + self.feature_flags(a, run))
+        return merged(flags + self.trace_flags() + ours + self.feature_flags(a, run))
 
     def command(self, cell, dump_folder: Path, run=0, **_):
         args = [
             *self.spell(cell.axes, self.flags(cell, dump_folder, run=run)).argv,
             *map(str, self.matrix.settings.get("extra_args", [])),
         ]
-        env = shim_env(self.matrix.device, self.name)
-        if self.matrix.tier == "trace":
-            env["NGPU"] = str(cell.world)  # the world 0.2's fake backend simulates
+        env = {**shim_env(self.matrix.device, self.name), **self.trace_env(cell)}
         if cell.axes.get("compile") == "compiled":
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         test = self.upstream_test(cell.axes)

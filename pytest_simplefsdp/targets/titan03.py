@@ -153,8 +153,7 @@ class Titan03(TorchtitanTarget):
         flags.append(Flag("dump_folder", dump_folder, "target"))
         if self.matrix.device == "cpu":
             flags.append(Flag("training.disable_cuda_graphs", True, "target"))
-        if self.matrix.tier == "trace":
-            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
+        flags += self.trace_flags()
         flags += [
             Flag(key, value, f"upstream {test.name} run {run + 1}")
             for key, value in options(test.runs[run]).items()
@@ -200,8 +199,7 @@ class Titan03(TorchtitanTarget):
                 ]
         flags += self.run_flags(s.get("steps", 3), local_batch)
         flags.append(Flag("dump_folder", dump_folder, "target"))
-        if self.matrix.tier == "trace":  # one process, a fake process group of the cell's world size
-            flags.append(Flag("comm.mode", "fake_backend", "tier trace"))
+        flags += self.trace_flags()
         flags += self.artifact_flags(cell, dump_folder)
         return merged(flags + self.feature_flags(a, run))  # last: a feature (and its later runs) has the last word
 
@@ -370,8 +368,7 @@ class Titan03(TorchtitanTarget):
             env["SIMPLEFSDP_INVARIANTS"] = "1"
         if self.matrix.numerics and self.matrix.tier == "real":  # per-parameter norms for numerics.compare_params
             env["SIMPLEFSDP_GRAD_PROBE"] = "1"
-        if self.matrix.tier == "trace":
-            env["NGPU"] = str(cell.world)
+        env.update(self.trace_env(cell))
         if cell.axes.get("compile", "aot_fx_trace") != "eager":  # structured compile trace: tlparse, evidence
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         preload = [
