@@ -54,7 +54,7 @@ class GateClass(Word):
 
     NEW = "new"  # fails on the PR, passes on the base (or fails there differently)
     BROKEN_TRUNK = "broken trunk"  # fails on the base too, with the same signature
-    FLAKY = "flaky"  # the PR's runs, or the base's, disagree
+    FLAKY = "flaky"  # one of the PR's runs passed, or the base failed the same way and passed
     KNOWN = "known"  # a known-failures entry expects it
 
 
@@ -80,7 +80,7 @@ class KnownKind(Word):
     """How a known-failure entry treats the cells it applies to."""
 
     XFAIL = "xfail"  # run it, expect this failure
-    FLAKY = "flaky"  # pass, or this failure
+    FLAKY = "flaky"  # pass, or this failure and a rerun that passes (pass_rate says how many reruns)
     SKIP = "skip"  # do not run it
 
 

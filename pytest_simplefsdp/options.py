@@ -505,7 +505,8 @@ OPTIONS = [
         "2",
         "runs that must agree before a bisection probe counts, and before a new failure "
         "is reported as new (a cell that passes in one of them is reported as flaky, "
-        "with its pass rate)",
+        "with its pass rate); a failure a kind: flaky entry matches, or whose history shows it "
+        "flaky, runs until a pass is 99 percent likely by that pass rate (at most 10 runs)",
         whole,
         metavar="N",
         matrix_only=False,

@@ -4,6 +4,7 @@ dataset set through the config module), and a pull request on top of it is gated
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,36 @@ def test_a_pr_on_main_is_gated_against_its_base(pytester, pr_branch):
     doc = json.loads(out.read_text())
     assert doc["gate"]["counts"] == {"new": 1, "broken trunk": 1, "flaky": 0, "known": 0}
     result.stdout.fnmatch_lines([f"*simplefsdp PR gate against base gate-demo-base ({base}): 1 new, 1 broken trunk*"])
+
+    # issue 58, Why 1: the same failure with a flaky past (the history store says the cell failed the same way
+    # once, then passed in 9 later runs on these versions). It fails every run of this session: new, exit 1 (on the
+    # landed revision the history made it flaky: xfailed, the gate open), after the runs its past asks for.
+    store = pytester.path / ".simplefsdp" / "history.sqlite"
+    with sqlite3.connect(store) as db:
+        failed = db.execute("SELECT * FROM cells WHERE cell = ? AND status = 'failed'", (new["id"],)).fetchone()
+        assert failed is not None and failed[7] == new["signature"]
+        for n in range(9):
+            db.execute(
+                "INSERT INTO cells VALUES (?, ?, ?, ?, ?, 'passed', NULL, NULL, '')",
+                (f"seeded-{n}", f"{failed[1]}~{n}", failed[2], failed[3], failed[4]),
+            )
+    again, out = run_smoke(
+        pytester,
+        "--simplefsdp-base=gate-demo-base",
+        f"--simplefsdp-torchtitan-repo={CHECKOUT}",
+        "--simplefsdp-confirm=1",
+        "-k",
+        "llama3 and aot_fx_trace",
+        timeout=2400,
+    )
+    again.assert_outcomes(failed=1)
+    assert again.ret == pytest.ExitCode.TESTS_FAILED
+    cell = cells_of(out)["llama3-dp2-aot_fx_trace-mp_default"]
+    assert (cell["gate"], cell["flaky"], cell["confirm"]["passed"]) == ("new", False, 0)
+    # 9 passes in its last 10 runs: 2 runs make a pass 99 % likely
+    assert cell["confirm"]["runs"] == 2 and cell["confirm"]["why"].startswith("its history shows it flaky")
+    assert cell["verdict"].startswith(f"new: fails here, passes on base gate-demo-base ({base}) (1 of 1 runs); its ")
+    assert cell["verdict"].endswith("so it was run more times, and failed every one")
 
 
 def test_a_pr_that_moves_every_layouts_numerics_is_reported_against_its_base(pytester):
@@ -216,7 +247,8 @@ def test_the_readme_gate_run_in_the_checkout_calls_a_pr_that_breaks_a_cell_new(t
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     cell = cells_of(out)["deepseek_v3-dp2-ep2-eager"]
     assert cell["gate"] == "new" and cell["error_line"].startswith(OTHER), cell
-    assert cell["base"]["signatures"] == [REFUSED], cell["base"]
+    # the identity: the error and where it was raised (issue 58: broken trunk compares both)
+    assert cell["base"]["signatures"] == [f"{REFUSED} @ {PLANT_EP[0]}:parallelize_deepseekv3"], cell["base"]
     proof = json.loads((Path(cell["base"]["folders"][0]) / "evidence" / "rank0.json").read_text())["imported"]
     assert proof["torchtitan"]["commit"].startswith(base) and "/.simplefsdp/envs/" in proof["torchtitan"]["file"]
     assert "1 new, 0 broken trunk, 0 flaky, 0 known" in proc.stdout

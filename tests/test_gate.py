@@ -78,7 +78,9 @@ def test_failures_are_new_broken_trunk_flaky_or_known_and_only_new_ones_fail(run
     }
     assert cells["fail-r2"]["base"]["passed"] == 2 and cells["fail-r2"]["base"]["commit"] == base
     assert cells["trunk-r2"]["base"]["signatures"] == [cells["trunk-r2"]["signature"]]
-    assert cells["differs-r2"]["base"]["signatures"] == ["ValueError: another fake error on the base"]
+    assert cells["differs-r2"]["base"]["signatures"] == [
+        "ValueError: another fake error on the base @ fakes/fake_rank.py:main"
+    ]
     assert cells["flaky-r2"]["base"]["runs"] == 0  # its own runs disagreed: not run on the base
     assert "base" not in cells["pass-r2"] or cells["pass-r2"]["base"] is None  # passing cells are not rerun
     ref = f"merge-base(HEAD, main) ({base})"
@@ -221,8 +223,81 @@ def test_a_base_that_could_not_run_clears_nothing_and_a_base_that_disagrees_is_f
     failing = CellResult("c/base-1", {})
     failing.fail(FailureClass.RUNTIME, "RuntimeError: boom")
     cls, verdict, rec = classify(mine, [failing, CellResult("c/base-2", {})], base)
-    assert cls == GateClass.FLAKY and verdict == "flaky: fails here, and on base main (0123456789ab) passed 1 of 2 runs"
+    assert cls == GateClass.FLAKY and verdict == (
+        "flaky: fails here, and on base main (0123456789ab) failed the same way and passed 1 of 2 runs"
+    )
     assert (rec["runs"], rec["passed"]) == (2, 1)
+    # issue 58, Why 3: a base that passes once and fails once with another error clears nothing
+    other = CellResult("c/base-1", {})
+    other.fail(FailureClass.RUNTIME, "ValueError: something else")
+    cls, verdict, rec = classify(mine, [other, CellResult("c/base-2", {})], base)
+    assert cls == GateClass.NEW and verdict.startswith(
+        "new: fails here; on base main (0123456789ab) passed 1 of 2 runs and failed otherwise differently"
+    )
+
+
+def test_a_known_failure_by_an_entry_the_base_lacks_says_so(run_matrix, pytester, titan_repo):
+    """Issue 58, Why 4: the known-failures file is the checkout's own; the base has entry known-one, the PR adds
+    known-two for `fail`: both cells xfail (known), and the one the PR's own entry clears says so in its verdict, the
+    gate's table and headline, live and judged again by the report tool."""
+    repo, base = titan_repo
+    subprocess.run([*GIT, "-C", str(repo), "checkout", "-q", "main"], check=True)
+    kf = repo / "known_failures.yaml"
+    kf.write_text(KNOWN)
+    subprocess.run([*GIT, "-C", str(repo), "add", "-f", kf.name], check=True)  # (the fake's .gitignore has *.yaml)
+    base = commit_all(repo, "the base's known failures")
+    subprocess.run([*GIT, "-C", str(repo), "checkout", "-q", "pr"], check=True)
+    subprocess.run([*GIT, "-C", str(repo), "merge", "-q", "main", "-m", "merge"], check=True)
+    kf.write_text(KNOWN + KNOWN.replace("known-one", "known-two").replace("{mode: known}", "{mode: fail}"))
+    says = pytester.path / "pr-says.txt"
+    says.write_text("fail\nknown\n")
+    out = pytester.path / "run.json"
+    result = run_matrix(
+        pr_matrix(says, ["fail", "known"]),
+        "--simplefsdp-base",
+        f"--simplefsdp-torchtitan-repo={repo}",
+        f"--simplefsdp-known-failures={kf}",
+        f"--simplefsdp-json={out}",
+        "-rA",
+    )
+    result.assert_outcomes(xfailed=2)
+    cells = cells_of(out)
+    added, kept = cells["fail-r2"], cells["known-r2"]
+    assert (added["gate"], kept["gate"]) == ("known", "known")
+    assert added["verdict"].startswith(
+        "xfailed by an entry this PR adds (the base's known-failures file has no known-two): known failure known-two"
+    )
+    assert kept["verdict"].startswith("known failure known-one")
+    doc = json.loads(out.read_text())
+    assert doc["runs"][0]["meta"]["base"]["entries"] == ["known-one"] and doc["gate"]["added"] == 1
+    result.stdout.fnmatch_lines(
+        [
+            f"*PR gate against base merge-base(HEAD, main) ({base}): 0 new, 0 broken trunk, 0 flaky, 2 known "
+            "(1 xfailed by an entry this PR adds)*",
+            "*fake::fail-r2*known*not rerun; its entry is added by this PR*",
+        ]
+    )
+    again = json.loads(report_tool(str(out), "--format", "json", cwd=pytester.path).stdout)
+    assert again["gate"]["added"] == 1 and again["gate"]["counts"]["known"] == 2
+
+
+def test_the_base_numerics_line_never_calls_uncompared_cells_the_same():
+    """Issue 58, Why 4: a smoke cell that could not run on the base was compared with nothing: the line says so
+    (on the landed revision: "0 of 0 ... compared changed (bit for bit the same)")."""
+    from pytest_simplefsdp.report.gate import numerics_lines
+
+    failed_there = {"cell": "cpu::a", "line": "not compared: the cell failed on the base", "beyond": False}
+    doc = {"numerics": {"compared": 0, "changed": [{**failed_there, "size": {}, "compared": False}]}}
+    lines = numerics_lines(doc)
+    assert lines[0] == (
+        "numerics vs the base: no passing smoke cell could be compared; 1 could not be compared (it did not pass "
+        "on the base)"
+    )
+    assert not any("bit for bit" in line for line in lines)
+    same = {"numerics": {"compared": 2, "changed": [{**failed_there, "size": {}, "compared": False}]}}
+    assert numerics_lines(same)[0].startswith(
+        "numerics vs the base: 0 of 2 passing smoke cell(s) compared changed (bit for bit the same); 1 could not"
+    )
 
 
 def test_a_feature_whose_cell_the_gate_let_through_is_not_done():
@@ -307,7 +382,9 @@ def test_a_pr_gated_from_inside_its_checkout_runs_the_base_on_the_bases_code(run
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     cell = cells_of(out)["ep-r2"]
     assert cell["gate"] == "new" and cell["error_line"] == "RuntimeError: fake failure on purpose", cell
-    assert cell["base"]["signatures"] == ["ValueError: another fake error on the base"], cell["base"]
+    assert cell["base"]["signatures"] == ["ValueError: another fake error on the base @ fakes/fake_rank.py:main"], cell[
+        "base"
+    ]
     proof = imported_commit(cell["base"]["folders"][0])
     assert proof["commit"].startswith(base) and "/.simplefsdp/envs/" in proof["file"], proof
     result.stdout.fnmatch_lines(["*simplefsdp PR gate against base *: 1 new, 0 broken trunk*"])

@@ -1,6 +1,6 @@
 """History per cell (store.history, judge.history): every judged cell appended to one SQLite file across runs;
-a new failure that failed the same way before on the same versions and passed since is flaky, not new; the
-report tool's --format history shows each cell's streak."""
+a new failure that failed the same way before on the same versions and passed since gets more confirming runs
+(never a flaky verdict of its own); the report tool's --format history shows each cell's streak."""
 
 import json
 import subprocess
@@ -47,29 +47,33 @@ def test_rows_are_kept_per_profile_cell_and_versions_newest_first(tmp_path):
     ]
 
 
-def test_a_cell_that_failed_before_and_passed_since_fails_as_flaky_not_new(run_matrix, pytester, monkeypatch):
-    """Three runs of one fake cell (its torchtitan's says-file decides: fail, pass, fail): the first failure is new,
-    the second is flaky from the history, which names the run it failed in; the report tool shows the streak."""
+def test_a_failure_that_fails_every_run_is_new_whatever_its_history_says(run_matrix, pytester, monkeypatch):
+    """Issue 58, Why 1: one history store, one fake cell (its torchtitan's says-file decides): a failure whose
+    confirming run passes (flaky, new), a clean run, then the same error on every run. The third run's own runs all
+    fail: new (on the landed revision: `flaky, new: failed the same way in run ...`), after more runs than
+    --simplefsdp-confirm for its flaky past (history 1 pass in 2: 7 runs make a pass 99 % likely); the report tool
+    shows the streak and judges the stored run the same."""
     says, out = pytester.path / "says.txt", pytester.path / "run.json"
     monkeypatch.setenv("FAKE_TORCHTITAN_SAYS", str(says))
     text = fake_matrix(modes=["pass"], args=', "--torchtitan-says"')
 
-    def run(said):
+    def run(said, *args):
         says.write_text(said)
-        return run_matrix(text, f"--simplefsdp-json={out}")
+        return run_matrix(text, f"--simplefsdp-json={out}", *args)
 
-    run("pass fail\n").assert_outcomes(failed=1)
+    run("pass flaky\n", "--simplefsdp-confirm=2").assert_outcomes(failed=1)  # fails its first run, passes its second
     first = run_doc(out)["cells"][0]
-    assert (first["flaky"], first["history"]) == (False, None)  # no earlier run
+    assert (first["flaky"], first["history"], first["confirm"]["runs"]) == (True, None, 2)
+    assert first["verdict"].startswith("flaky, new: passed 1 of 2 runs")
     run("").assert_outcomes(passed=1)
-    result = run("pass fail\n")
-    result.assert_outcomes(failed=1)  # flaky, new: still not green, as a flaky cell its own reruns found
+    result = run("pass fail\n")  # (--simplefsdp-confirm=1: no confirming run but for its past)
+    result.assert_outcomes(failed=1)
     again = run_doc(out)["cells"][0]
-    assert again["flaky"] is True
-    assert (
-        again["verdict"].startswith("flaky, new: failed the same way in run ")
-        and "passed 1 of its last 2 runs (history " in again["verdict"]
-    )
+    assert again["flaky"] is False
+    assert again["confirm"]["runs"] == 7 and again["confirm"]["passed"] == 0
+    assert again["confirm"]["why"].startswith("its history shows it flaky: it failed the same way in run ")
+    assert again["verdict"].startswith("new: failed in every one of 7 runs; its history shows it flaky: ")
+    assert again["verdict"].endswith("so it was run more times, and failed every one")
     assert [r["status"] for r in again["history"]["runs"]] == ["passed", "failed"]
     store = pytester.path / ".simplefsdp" / "history.sqlite"
     report = subprocess.run(
@@ -81,7 +85,7 @@ def test_a_cell_that_failed_before_and_passed_since_fails_as_flaky_not_new(run_m
     assert "history: 1 cells (per profile and versions), their last 10 runs at most; 1 both passed and failed" in report
     line = next(x for x in report.splitlines() if "pass-r2" in x)
     assert "1/3" in line and "1 failed" in line and "[runtime]" in line
-    # the stored run judged again by the report tool keeps the history it was judged with
+    # the stored run judged again by the report tool: new, as the live run said
     rejudged = json.loads(
         subprocess.run(
             [sys.executable, "-m", "pytest_simplefsdp.report", str(out), "--format", "json"],
@@ -90,7 +94,10 @@ def test_a_cell_that_failed_before_and_passed_since_fails_as_flaky_not_new(run_m
             check=True,
         ).stdout
     )
-    assert rejudged["runs"][0]["cells"][0]["verdict"] == again["verdict"]
+    assert (rejudged["runs"][0]["cells"][0]["verdict"], rejudged["runs"][0]["cells"][0]["flaky"]) == (
+        again["verdict"],
+        False,
+    )
 
 
 def test_collecting_or_history_off_writes_no_store(run_matrix, pytester):

@@ -134,9 +134,13 @@ def test_a_halved_expert_gradient_is_named_with_its_ratio(tmp_path):
         "baseline": 0.0082,
         "rtol": 2e-4,
         "atol": 1e-5,
+        # the lane's floor scaled by w1's gradient against the largest of the step (w2's 0.5): 1.64e-7
+        "floor": pytest.approx(1e-5 * 0.0082 / 0.5),
+        "margin": pytest.approx(0.0041 / (1e-5 * 0.0082 / 0.5 + 2e-4 * 0.0082)),
     }
     assert param_line(rep, "baseline-x") == (
-        "experts.w1: grad norm 0.0041 vs 0.0082 of baseline baseline-x at step 1, ratio 0.5 (rtol 0.0002, atol 1e-05)"
+        "experts.w1: grad norm 0.0041 vs 0.0082 of baseline baseline-x at step 1, ratio 0.5 (rtol 0.0002, atol "
+        "1.64e-07 (the lane's 1e-05 scaled to this value); 2.27e+03x its tolerance)"
     )
     assert compare_params(base, base, lane)[0]
 

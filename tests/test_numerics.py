@@ -291,3 +291,29 @@ def test_a_kept_baseline_is_keyed_by_what_picks_the_hosts_cpu_kernels(monkeypatc
     assert reuse.content_key(command, tmp_path / "skip") == capped
     monkeypatch.setattr(reuse, "cpu_flags", lambda: ["avx2"])
     assert reuse.content_key(command, tmp_path / "skip") != capped
+
+
+def test_a_small_parameters_change_is_judged_relative_to_itself():
+    """Issue 58, Why 5: a MoE router's step-1 gradient norm (3.2e-4) 1.3e-3 off relative, 60x its layout's
+    measured gradient noise (2.1e-5, narrowed to 5x: rtol 1.05e-4), beside an embedding whose norm is 1.0. On the
+    landed revision the lane's absolute floor (2e-5, larger than the change of 4.2e-7) hid it; now each
+    parameter's floor shrinks with its own value, and the kill says by how far it passed its tolerance."""
+    from pytest_simplefsdp.judge.numerics import compare_params, param_line
+
+    lane = Lane("close, layout noise x5", [], rtol=2e-4, atol=1e-5, grad_rtol=1.05e-4, grad_atol=2e-5, update_rtol=3e-3)
+    router, embedding = "layers.1.moe.router.gate.weight", "tok_embeddings.weight"
+    base = {"grad_norm": {1: {router: 3.2e-4, embedding: 1.0}}}
+    cell = {"grad_norm": {1: {router: 3.2e-4 * (1 + 1.3e-3), embedding: 1.0}}}
+    ok, report = compare_params(cell, base, lane)
+    assert not ok
+    first = report["first_difference"]
+    assert (first["param"], first["kind"], first["step"]) == (router, "grad_norm", 1)
+    assert first["floor"] == pytest.approx(2e-5 * 3.2e-4)  # the lane's floor scaled by 3.2e-4 / 1.0
+    assert first["margin"] == pytest.approx(1.3e-3 * 3.2e-4 / (2e-5 * 3.2e-4 + 1.05e-4 * 3.2e-4), rel=1e-6)  # ~10.4
+    assert "(the lane's 2e-05 scaled to this value); 10.4x its tolerance" in param_line(report, "b")
+    # the same relative change on the largest parameter: judged as strictly (its floor is the lane's whole atol)
+    big = {"grad_norm": {1: {router: 3.2e-4, embedding: 1.0 + 1.3e-3}}}
+    assert compare_params(big, base, lane)[1]["first_difference"]["param"] == embedding
+    # noise-sized differences still pass, small parameter or large
+    quiet = {"grad_norm": {1: {router: 3.2e-4 * (1 + 2.1e-5), embedding: 1.0 + 2.1e-5}}}
+    assert compare_params(quiet, base, lane)[0]

@@ -7,7 +7,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 from pytest_simplefsdp.judge.known import signature
-from pytest_simplefsdp.judge.results import last_exception
+from pytest_simplefsdp.judge.results import error_site, last_exception
 
 from helpers import KF, fake_matrix, report_tool, run_doc
 
@@ -79,7 +79,8 @@ def test_reproducer_reruns_the_cell_alone_with_the_same_signature(run_matrix, py
     assert rerun.returncode != 0
     head = "Traceback (most recent call last):"
     blocks = (rerun.stdout + rerun.stderr).split(head)[1:]  # the rank's, then torchrun's own
-    assert rec["signature"] in {signature(last_exception(head + b)[1]) for b in blocks}
+    # the identity (judge.identity): the error and the frame that raised it, the same when rerun alone
+    assert rec["signature"] in {f"{signature(last_exception(head + b)[1])} @ {error_site(head + b)}" for b in blocks}
 
 
 def test_junit_has_one_property_per_axis(run_matrix, pytester):

@@ -121,7 +121,9 @@ def test_a_green_run_says_its_numerics_and_evidence_in_a_few_lines_and_lists_the
 
 
 FLAKY_KF = (
-    KF.replace("fake-known", "fake-flaky").replace("mode: fail", "mode: pass").replace("kind: xfail", "kind: flaky")
+    KF.replace("fake-known", "fake-flaky")
+    .replace("mode: fail", "mode: pass")
+    .replace("kind: xfail", "kind: flaky\n  pass_rate: 0.5")
 )
 
 

@@ -8,7 +8,7 @@ import pytest
 from pytest_simplefsdp.judge.known import load_known_failures, signature
 from pytest_simplefsdp.spec.matrix import MatrixError
 
-from helpers import KF_EQ, fake_matrix
+from helpers import KF_EQ, cells_of, fake_matrix
 
 # error texts as torchtitan / PyTorch print them (see the upstream issues the entries link)
 HOP_NEW = (
@@ -138,11 +138,54 @@ def test_skip_entry_does_not_launch(run_matrix, pytester):
     assert not list(pytester.path.glob("*.json"))  # a cell that never launched writes nothing into the rootdir
 
 
-def test_flaky_accepts_pass_and_the_failure(run_matrix, pytester):
-    path = kf_file(pytester, KF_EQ.replace("kind: xfail", "kind: flaky").replace("mode: fail", "mode: [pass, fail]"))
-    result = run_matrix(with_error("RuntimeError: Eq(u0 + u1, 3072)"), f"--simplefsdp-known-failures={path}")
-    result.assert_outcomes(passed=1, xfailed=1)
-    result.stdout.fnmatch_lines(["pass * flaky pass *", "fail * flaky fail *"])
+def test_a_flaky_entry_is_proven_by_a_rerun_that_passes_never_by_its_word(run_matrix, pytester, monkeypatch):
+    """Issue 58, Why 2: a kind: flaky entry states its pass rate (0.8: 3 runs make a pass 99 % likely); a failure it
+    matches runs again until one passes: `flaky` fails once and passes its rerun (xfailed, known flaky), `fail` fails
+    every run: new, naming the entry (on the landed revision both were xfailed without a rerun)."""
+    says, out = pytester.path / "says.txt", pytester.path / "run.json"
+    monkeypatch.setenv("FAKE_TORCHTITAN_SAYS", str(says))
+    says.write_text("fail\nflaky flaky\n")
+    path = kf_file(
+        pytester,
+        "- id: fake-flaky\n  when: {mode: [pass, fail, flaky]}\n  error: 'fake failure'\n  kind: flaky\n"
+        "  pass_rate: 0.8\n  link: https://github.com/pytorch/torchtitan/pull/1529\n  reason: a flaky fake\n",
+    )
+    result = run_matrix(
+        fake_matrix(modes=["pass", "fail", "flaky"], args=', "--torchtitan-says"'),
+        f"--simplefsdp-known-failures={path}",
+        f"--simplefsdp-json={out}",
+    )
+    result.assert_outcomes(passed=1, failed=1, xfailed=1)
+    cells = cells_of(out)
+    fail, flaky = cells["fail-r2"], cells["flaky-r2"]
+    assert (fail["status"], fail["known_failure"], fail["confirm"]["runs"], fail["confirm"]["passed"]) == (
+        "failed",
+        None,
+        3,
+        0,
+    )
+    assert fail["verdict"] == (
+        "new: entry fake-flaky (https://github.com/pytorch/torchtitan/pull/1529) says it passes 80% of runs; "
+        "it failed 3 of 3"
+    )
+    assert (flaky["status"], flaky["known_failure"], flaky["confirm"]["runs"], flaky["confirm"]["passed"]) == (
+        "xfailed",
+        "fake-flaky",
+        2,
+        1,
+    )
+    assert flaky["verdict"].startswith("known flaky fake-flaky (https://github.com/pytorch/torchtitan/pull/1529): ")
+    assert cells["pass-r2"]["status"] == "passed" and cells["pass-r2"]["confirm"] is None
+
+
+def test_a_flaky_entry_without_a_pass_rate_is_refused_with_its_file_and_line(tmp_path):
+    path = tmp_path / "kf.yaml"
+    path.write_text(KF_EQ.replace("kind: xfail", "kind: flaky"))
+    with pytest.raises(MatrixError, match=r"kf.yaml:5: entry 'fake-eq': kind flaky needs `pass_rate`"):
+        load_known_failures(path, {"mode", "ranks"})
+    path.write_text(KF_EQ.replace("kind: xfail", "kind: flaky\n  pass_rate: 1"))
+    with pytest.raises(MatrixError, match=r"kf.yaml:6: entry 'fake-eq': pass_rate 1 must be a number between 0 and 1"):
+        load_known_failures(path, {"mode", "ranks"})
 
 
 @pytest.mark.parametrize(

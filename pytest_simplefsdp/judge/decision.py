@@ -5,14 +5,19 @@ runs its records kept (``confirm``, ``base``). Nothing here runs anything."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..kinds import GateClass, KnownKind, Status
-from .gate import gate_class
-from .history import flaky_verdict
-from .known import Entry, KnownFailures, signature
+from .gate import ADDED, gate_class
+from .history import flaky_past
+from .identity import identity
+from .known import Entry, KnownFailures
 from .results import CellResult
 from .verdict import judge
+
+LIKELY = 0.99  # a failure said to be flaky is run until a pass is this likely by its pass rate
+MOST_RUNS = 10  # ... but never more often than this (a rate of 0.3 would ask for 13)
 
 
 @dataclass
@@ -22,22 +27,48 @@ class Decision:
     entry: Entry | None = None  # the known-failures entry that judged it
     flaky: bool = False
     gate: GateClass | None = None  # under --simplefsdp-base: new, broken trunk, flaky or known (failures only)
+    proving: Entry | None = None  # a kind: flaky entry its failure matches: proven only by a run that passes
 
 
-def confirm_record(first, again: list) -> dict:
-    """A new failure's runs (its first, failed, and the confirming ones), as its record keeps them."""
+def runs_to_pass(rate: float) -> int:
+    """How many runs (the failed one included) make a pass LIKELY for a cell that passes ``rate`` of its runs
+    (0.5: 7, 0.8: 3), at most MOST_RUNS."""
+    if rate >= 1:
+        return 2
+    if rate <= 0:
+        return MOST_RUNS
+    return max(2, min(MOST_RUNS, math.ceil(math.log(1 - LIKELY) / math.log(1 - rate))))
+
+
+def confirm_record(first, again: list, why: str = "") -> dict:
+    """A failure's runs (its first, failed, and the confirming ones), as its record keeps them; ``why``: what asked
+    for more runs than --simplefsdp-confirm (a flaky entry's pass rate, the cell's history)."""
     passed = sum(1 for r in again if r.status == Status.PASSED)
     runs = 1 + len(again)
-    signatures = list(
-        dict.fromkeys(signature(r.error_text or r.error_line) for r in [first, *again] if r.failure_class)
-    )
+    signatures = list(dict.fromkeys(r.signature or identity(r) for r in [first, *again] if r.failure_class))
     return {
         "runs": runs,
         "passed": passed,
         "pass_rate": round(passed / runs, 3),
         "signatures": signatures,
         "folders": [r.log_dir for r in again],
+        **({"why": why} if why else {}),
     }
+
+
+def flaky_entry_verdict(entry: Entry, confirm: dict | None) -> tuple[Status, str]:
+    """A failure a kind: flaky entry matches: xfailed where one of its runs in this run passed, else new, naming the
+    entry (an entry's word is no proof: a deterministic regression matches a flaky entry's pattern as well)."""
+    rate = f"entry {entry.label()} says it passes {entry.pass_rate:.0%} of runs"
+    runs, passed = (confirm or {}).get("runs", 1), (confirm or {}).get("passed", 0)
+    if passed:
+        return (
+            Status.XFAILED,
+            f"known flaky {entry.label()}: failed, and passed {passed} of {runs} runs: {entry.reason}",
+        )
+    if runs <= 1:
+        return Status.FAILED, f"new: {rate}, but it was not run again, and only a run that passes shows it flaky"
+    return Status.FAILED, f"new: {rate}; it failed {runs} of {runs}"
 
 
 def own_runs_verdict(confirm: dict) -> tuple[bool, str]:
@@ -70,32 +101,47 @@ def decide(
     base: dict | None = None,
     gated: bool | None = None,
     history: dict | None = None,
+    base_entries: list | tuple | None = None,
 ) -> Decision:
     """The outcome of a finished cell. ``result``: what it did (its status before any verdict: passed, or failed
-    with a class); ``entries``: the known failures that apply; ``confirm``: its own runs' record (a new failure
-    confirmed, or the job that failed it run again); ``base``: the base's record of a failure asked about there
+    with a class); ``entries``: the known failures that apply; ``confirm``: its own runs' record (a failure run
+    again, or the job that failed it run again); ``base``: the base's record of a failure asked about there
     (base_record; runs 0: it could not run there); ``gated``: the run is a PR's (--simplefsdp-base; default: a base
     record is given). A gated failure with no base record was never asked about there: it has no class.
-    ``history``: the cell's earlier runs on its versions (judge.history.record): a failure they show failing the
-    same way and passing since is flaky where its own runs did not say so."""
+    Flaky is earned in this run: a failure is flaky only where one of its own runs passed (or, gated, the base
+    failed the same way in some run); a kind: flaky entry is proven the same way. ``history``: the cell's earlier
+    runs on its versions (judge.history.record): a flaky past got it more runs, and its verdict says so, but never
+    makes it flaky. ``base_entries``: the entry ids of the base's known-failures file (Base.entries): a gated
+    failure xfailed by an entry not among them says so."""
     v = judge(result, entries, gate, updating)
     d = Decision(v.outcome, v.message, v.entry, v.flaky)
-    if result.status == Status.PASSED or not result.failure_class or v.entry is not None:
-        if (base is not None if gated is None else gated) and v.entry is not None and d.status == Status.XFAILED:
+    failed = result.status != Status.PASSED and bool(result.failure_class)
+    if failed and v.entry is not None and v.entry.kind == KnownKind.FLAKY:
+        d.status, d.verdict = flaky_entry_verdict(v.entry, confirm)
+        if d.status == Status.FAILED:  # refuted (or not yet rerun): a new failure, judged as any other
+            d.entry, d.flaky, d.proving = None, False, v.entry
+    gated = base is not None if gated is None else gated
+    if not failed or d.entry is not None:
+        if gated and d.entry is not None and d.status == Status.XFAILED:
             d.gate = GateClass.KNOWN
+            if base_entries is not None and d.entry.id not in base_entries:
+                d.verdict = f"{ADDED} (the base's known-failures file has no {d.entry.id}): {d.verdict}"
         return d
+    mine, note = result.signature or identity(result), ""
     if confirm and confirm.get("culprit"):  # its baseline or seed checkpoint failed: that job ran again
         if not confirm.get("culprit_passed"):
             d.verdict = culprit_verdict(confirm)
-    elif confirm and confirm.get("runs", 1) > 1:
+    elif d.proving is None and confirm and confirm.get("runs", 1) > 1:
         d.flaky, d.verdict = own_runs_verdict(confirm)
-    mine = result.signature or signature(result.error_text or result.error_line)
-    if not d.flaky and not (confirm and confirm.get("culprit")):
-        earlier = flaky_verdict(history, mine)
-        if earlier:
-            d.flaky, d.verdict = True, earlier
+        past = flaky_past(history, mine)
+        if past and not d.flaky:
+            note = f"{past[0]}, so it was run more times, and failed every one"
+            d.verdict += f"; {note}"
     if base is not None:
+        # what the gate's words would drop: the flaky entry it refuted, the flaky past it ran more times for
+        kept = d.verdict.removeprefix("new: ") if d.proving is not None else note
         d.gate, d.verdict = gate_class(mine, d.flaky, d.verdict, base)
+        d.verdict += f"; {kept}" if kept else ""
         if d.gate != GateClass.NEW:
             d.status = Status.XFAILED
     return d
@@ -103,7 +149,7 @@ def decide(
 
 def record_decision(result, d: Decision):
     """Write a decision into the result: status, verdict, flaky, signature, known failure, gate class."""
-    result.signature = signature(result.error_text or result.error_line)
+    result.signature = identity(result)
     result.status, result.verdict, result.flaky, result.gate = d.status, d.verdict, d.flaky, d.gate
     result.known_failure = d.entry.id if d.entry else None
     result.known_failure_link = d.entry.link if d.entry else None
@@ -141,6 +187,7 @@ def rejudge(rec: dict, known: KnownFailures, env: dict, gate: bool = False, base
         base=rec.get("base"),
         gated=base is not None,
         history=rec.get("history"),
+        base_entries=(base or {}).get("entries"),
     )
     record_decision(result, d)
     fresh = result.record()

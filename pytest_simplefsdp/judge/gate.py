@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kinds import GateClass, Status
-from .known import signature
+from .identity import identity
 from .numerics import compare, compare_params
 
 
@@ -18,9 +18,17 @@ class Base:
     ref: str
     commit: str  # 12 hex digits
     repo: str
+    # the ids of the known-failures file as the base has it, where that file is part of the checkout (None: it is
+    # not, and one file judges both sides): an xfail by an entry the base lacks is the PR's own claim
+    entries: tuple | None = None
 
     def about(self) -> dict:
-        return {"ref": self.ref, "commit": self.commit, "repo": self.repo}
+        return {
+            "ref": self.ref,
+            "commit": self.commit,
+            "repo": self.repo,
+            **({"entries": list(self.entries)} if self.entries is not None else {}),
+        }
 
     def name(self) -> str:
         """How reports name it: the ref and its commit, or the commit alone where the ref is one."""
@@ -31,13 +39,14 @@ class Base:
         )
 
 
+ADDED = "xfailed by an entry this PR adds"  # a known failure whose entry the base's known-failures file lacks
 UNGATED = (GateClass.BROKEN_TRUNK, GateClass.FLAKY)  # failures a PR gate lets through: failing, all the same
 # the classes in the order a report lists them (Dr. CI's), and what each means for the PR
 ORDER = (GateClass.NEW, GateClass.BROKEN_TRUNK, GateClass.FLAKY, GateClass.KNOWN)
 MEANING = {
     GateClass.NEW: "fails here, passes on the base (or fails there differently): this PR broke it; fails the gate",
     GateClass.BROKEN_TRUNK: "fails on the base too, with the same signature: not this PR's doing",
-    GateClass.FLAKY: "its runs disagree: not gated",
+    GateClass.FLAKY: "one of its runs here passed, or the base failed the same way and passed: not gated",
     GateClass.KNOWN: "a known-failures entry expects it",
 }
 
@@ -56,7 +65,7 @@ def legend() -> str:
 def on_the_base(gate: str, record: dict) -> str:
     """What a failure's base record says, in words (a known failure is not rerun there)."""
     if gate == GateClass.KNOWN:
-        return "not rerun"
+        return "not rerun" + ("; its entry is added by this PR" if record.get("added") else "")
     if not record.get("runs"):
         return f"did not run: {'; '.join(record['not_run'])}" if record.get("not_run") else "not rerun"
     if record.get("passed") == record.get("runs"):
@@ -74,7 +83,7 @@ def base_record(results: list, base: Base) -> dict:
         **base.about(),
         "runs": len(ran),
         "passed": len(ran) - len(failed),
-        "signatures": list(dict.fromkeys(signature(r.error_text or r.error_line) for r in failed)),
+        "signatures": list(dict.fromkeys(r.signature or identity(r) for r in failed)),
         "lines": list(dict.fromkeys(r.error_line or "" for r in failed)),
         "folders": [r.log_dir for r in results],
         "not_run": [r.error_line for r in results if r.not_run],
@@ -82,8 +91,11 @@ def base_record(results: list, base: Base) -> dict:
 
 
 def gate_class(mine: str, flaky: bool, verdict: str, record: dict) -> tuple[GateClass, str]:
-    """(class, verdict) of a PR's new failure with signature ``mine`` (``flaky``: its own runs disagreed, as its
-    ``verdict`` says), given the base's record (base_record: its runs there, or none)."""
+    """(class, verdict) of a PR's new failure with signature ``mine`` (judge.identity; ``flaky``: one of its own runs
+    passed, as its ``verdict`` says), given the base's record (base_record: its runs there, or none). The base
+    clears a failure only with the same signature: failing every run with it is broken trunk, failing some runs
+    with it and passing others is flaky; a base that passes some runs and fails others with another error says
+    nothing about this one."""
     at = f"base {Base(record['ref'], record['commit'], record['repo']).name()}"
     runs, passed, theirs = record.get("runs", 0), record.get("passed", 0), record.get("signatures") or []
     if flaky:
@@ -91,10 +103,15 @@ def gate_class(mine: str, flaky: bool, verdict: str, record: dict) -> tuple[Gate
     if not runs:
         why = "; ".join(record.get("not_run") or []) or "it did not run"
         return GateClass.NEW, f"new: fails here; on {at} the cell could not run ({why}), so nothing clears it"
-    if passed and passed < runs:
-        return GateClass.FLAKY, f"flaky: fails here, and on {at} passed {passed} of {runs} runs"
     if passed == runs:
         return GateClass.NEW, f"new: fails here, passes on {at} ({runs} of {runs} runs)"
+    if passed and mine in theirs:
+        return GateClass.FLAKY, f"flaky: fails here, and on {at} failed the same way and passed {passed} of {runs} runs"
+    if passed:
+        return GateClass.NEW, (
+            f"new: fails here; on {at} passed {passed} of {runs} runs and failed otherwise differently; here: "
+            f"{mine}; base: {'; '.join(theirs)}"
+        )
     if theirs == [mine]:
         return (
             GateClass.BROKEN_TRUNK,
@@ -107,7 +124,7 @@ def classify(result, base_runs: list, base: Base) -> tuple[GateClass, str, dict]
     """(class, verdict, the base's record) of a PR's new failure (``result``, after its confirming runs) given the
     same cell's runs on the base."""
     record = base_record(base_runs, base)
-    mine = result.signature or signature(result.error_text or result.error_line)
+    mine = result.signature or identity(result)
     return (*gate_class(mine, result.flaky, result.verdict, record), record)
 
 

@@ -27,14 +27,16 @@ ENTRY_KEYS = {
     "when": "conditions: axis: value | [values] | '>1' (also profile, target, device, tier, torch, torchtitan "
     "release ranges, torchtitan_commit ranges: '>=5dd944e62', '<1a2b3c4d', '>=A,<B')",
     "error": "regex searched in the normalised error signature (and the raw error text)",
-    "kind": "xfail (run, expect this failure) | flaky (pass or this failure) | skip (do not run)",
+    "kind": "xfail (run, expect this failure) | flaky (pass, or this failure and a rerun that passes) | skip (do "
+    "not run)",
     "link": "upstream issue, PR or review comment (required)",
     "reason": "one line: what fails and why (required for skip)",
     "classes": "optional list of failure classes the entry accepts (compile, runtime, ...)",
     "first_failing": "optional package -> the first version it fails on ({torch: 2.14.0}; a bisection writes it)",
     "last_passing": "optional package -> the last version it passes on (the other end of that window)",
     "fixed_in": "optional package -> the version that fixed it",
-    "pass_rate": "optional, kind flaky: the share of runs that passed when it was measured (0.5)",
+    "pass_rate": "kind flaky (required there): the share of runs that pass (0.5); a matching failure is rerun "
+    "until a pass is 99 % likely by it, and is new where every run fails",
 }
 WINDOW_KEYS = ("first_failing", "last_passing", "fixed_in")
 ENV_KEYS = {"profile", "target", "device", "tier"}
@@ -86,6 +88,7 @@ class Entry:
     pattern: object = None
     foreign: bool = False  # its `profile` condition names only profiles not loaded here: its axes are not checked
     window: dict = field(default_factory=dict)  # first_failing / last_passing / fixed_in -> {package: version}
+    pass_rate: float | None = None  # kind flaky: the share of runs that pass
 
     @property
     def todo(self) -> bool:
@@ -257,8 +260,16 @@ def _entry(path, node, where, axis_names, profiles=None) -> Entry:
     pattern = _pattern(str(node["error"]), at("error")) if node.get("error") else None
     window = {key: _window(plain(node[key]), at(key), key) for key in WINDOW_KEYS if key in node}
     rate = node.get("pass_rate")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1):
-        raise MatrixError(f"{at('pass_rate')}: pass_rate {rate!r} must be a number from 0 to 1")
+    if kind == KnownKind.FLAKY and rate is None:
+        raise MatrixError(
+            f"{at('kind')}: kind flaky needs `pass_rate` (the share of runs that pass, e.g. 0.5): a failure it "
+            f"matches is rerun until a pass is likely by that rate"
+        )
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1):
+        raise MatrixError(
+            f"{at('pass_rate')}: pass_rate {rate!r} must be a number between 0 and 1 (0: it never passes, an "
+            f"xfail; 1: it never fails)"
+        )
     return Entry(
         eid,
         plain(node["when"]),
@@ -271,6 +282,7 @@ def _entry(path, node, where, axis_names, profiles=None) -> Entry:
         pattern,
         foreign,
         window,
+        None if rate is None else float(rate),
     )
 
 

@@ -31,7 +31,7 @@ def lane_for(lanes, axes):
 def compare(losses: dict, baseline: dict, lane: Lane):
     """Returns (ok, report). ``losses``/``baseline``: step -> loss. NaN or a missing step fails."""
     steps = sorted(baseline)
-    rows, misses, first_bad = [], 0, None
+    rows, misses, first_bad, first_margin = [], 0, None, None
     max_abs = max_rel = 0.0
     for step in steps:
         b, c = baseline[step], losses.get(step)
@@ -44,7 +44,8 @@ def compare(losses: dict, baseline: dict, lane: Lane):
             max_abs, max_rel = max(max_abs, diff), max(max_rel, rel)
         if not ok_step:
             misses += 1
-            first_bad = first_bad if first_bad is not None else step
+            if first_bad is None:
+                first_bad, first_margin = step, margin(b, c, lane.rtol, lane.atol)
         rows.append({"step": step, "baseline": b, "cell": c, "abs_diff": diff})
     extra = sorted(set(losses) - set(baseline))
     allowed = math.floor(lane.max_miss * len(steps))
@@ -59,6 +60,7 @@ def compare(losses: dict, baseline: dict, lane: Lane):
         "max_rel_diff": max_rel,
         "missed_steps": misses,
         "first_differing_step": first_bad,
+        "margin": _num(first_margin),
         "steps": [{**r, "abs_diff": _num(r["abs_diff"])} for r in rows],
     }
     if extra:
@@ -200,6 +202,10 @@ def compare_params(cell: dict, baseline: dict, lane: Lane):
                 continue
             krtol, katol, last = tolerance(kind, lane)
             exact, compared = kind == "init_checksum", step <= last
+            # the lane's absolute floor is the largest value's of this kind and step; every other parameter's
+            # floor shrinks with its own value, so a router's gradient of 3e-4 is judged as strictly, relative to
+            # itself, as the embedding's of 1 (a floor of 2e-5 once let it move 1.3e-3, 60x its noise)
+            scale = max((abs(v) for v in want.values() if isinstance(v, (int, float)) and v == v), default=0.0)
             for fqn in list(want) + [f for f in got if f not in want]:
                 b, c = want.get(fqn), got.get(fqn)
                 if exact:  # a hash: equal or not (a relative difference of two hashes means nothing)
@@ -210,7 +216,8 @@ def compare_params(cell: dict, baseline: dict, lane: Lane):
                 if not compared:
                     continue
                 report["checked"] += 1
-                if _param_differs(b, c, krtol, katol) and report["first_difference"] is None:
+                floor = param_floor(b, katol, scale)
+                if _param_differs(b, c, krtol, floor) and report["first_difference"] is None:
                     report["first_difference"] = {
                         "kind": kind,
                         "step": step,
@@ -219,9 +226,30 @@ def compare_params(cell: dict, baseline: dict, lane: Lane):
                         "baseline": b,
                         "rtol": krtol,
                         "atol": katol,
+                        "floor": floor,
+                        "margin": _num(margin(b, c, krtol, floor)),
                     }
     ok = report["checked"] > 0 and report["first_difference"] is None
     return ok, report
+
+
+def param_floor(b, atol, scale) -> float:
+    """One parameter's absolute floor: the lane's ``atol`` scaled by its value against the largest of its kind at
+    that step (``scale``), never larger than ``atol`` and never larger, relative to the value, for a small value
+    than for the largest one."""
+    if not atol or not scale or not isinstance(b, (int, float)) or b != b:
+        return 0.0
+    return atol * min(1.0, abs(b) / scale)
+
+
+def margin(b, c, rtol, atol) -> float | None:
+    """How far past its tolerance a difference is (|c - b| / (atol + rtol |b|)): 2.0 is twice what was allowed;
+    inf where nothing was (an exact lane), None where one side has no value."""
+    if not isinstance(b, (int, float)) or not isinstance(c, (int, float)) or c != c or b != b:
+        return None
+    allowed = atol + rtol * abs(b)
+    diff = abs(c - b)
+    return diff / allowed if allowed else (math.inf if diff else 0.0)
 
 
 def _param_differs(b, c, rtol, atol):
@@ -236,7 +264,11 @@ def param_line(report, baseline_id):
     d = report["first_difference"]
     what, value = PARAM_KINDS[d["kind"]], lambda v: "none" if v is None else f"{v:.6g}"
     ratio = f", ratio {d['cell'] / d['baseline']:.3g}" if d["cell"] is not None and d["baseline"] else ""
-    tol = f"rtol {d.get('rtol', report['rtol']):g}, atol {d.get('atol', report['atol']):g}"
+    tol = f"rtol {d.get('rtol', report['rtol']):g}, atol {d.get('floor', d.get('atol', report['atol'])):.3g}"
+    if d.get("floor") is not None and d.get("atol") and d["floor"] < d["atol"]:
+        tol += f" (the lane's {d['atol']:g} scaled to this value)"
+    if d.get("margin") is not None and d["margin"] > 0:
+        tol += f"; {d['margin']:.3g}x its tolerance"
     if d["kind"] == "init_checksum":  # a hash of the weights' bits: shown whole, no ratio
         value, ratio, tol = lambda v: "none" if v is None else f"{v:.0f}", "", "exact: the loaded weights differ"
     return (

@@ -58,6 +58,9 @@ CRASH_HINT = re.compile(
 )
 FAULTHANDLER = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# a frame as a traceback prints it and as faulthandler does (no comma before "in")
+ANY_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)', re.M)
+PACKAGE_FILE = re.compile(r".*/((?:torchtitan|torch)/.+)$")
 PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 # the typed fields of a result: a word outside its vocabulary is an error where it is set, not a wrong report
 TYPED = {"status": Status, "failure_class": FailureClass, "mutation": Mutation, "gate": GateClass}
@@ -91,7 +94,8 @@ class CellResult:
     machine: dict = field(default_factory=dict)  # what decided its CPU ranks' bits: kernels' ISA, MKL branch, threads
     outside_range: list = field(default_factory=list)  # what of its version set the target does not support
     details: list = field(default_factory=list)  # extra lines for the failure report
-    signature: str = ""  # normalised error signature (see verdict.signature)
+    site: str = ""  # where it failed, from the failing rank's log: error_site, crash_stack, hang_site
+    signature: str = ""  # the failure's identity (judge.identity): what broken trunk and history compare
     known_failure: str | None = None  # id of the known-failures entry that judged the cell
     known_failure_link: str | None = None
     verdict: str = ""  # why the outcome is what it is, when a known-failures entry was involved
@@ -260,19 +264,99 @@ def classify(error_line, frames, exit_code):
     return "runtime"
 
 
-def crash_site(text, frames=3):
-    """Where Python was when the rank died, from faulthandler's dump: the innermost frames of the current thread
-    (else of the thread that was not idle in threading.py), files cut to their package path."""
+def _dump_block(text) -> str:
+    """faulthandler's dump of the thread that matters: the current thread, else the one not idle in threading.py."""
     starts = [m.start() for m in FAULTHANDLER.finditer(text)]
     blocks = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
     if not blocks:
         return ""
-    block = next((b for b in blocks if b.startswith("Current thread")), None) or next(
+    return next((b for b in blocks if b.startswith("Current thread")), None) or next(
         (b for b in blocks if "threading.py" not in b.split("\n", 2)[1]), blocks[-1]
     )
-    found = [FRAME.match(line) for line in block.splitlines()[1:]]
+
+
+def crash_site(text, frames=3):
+    """Where Python was when the rank died, from faulthandler's dump: the innermost frames of the current thread
+    (else of the thread that was not idle in threading.py), files cut to their package path."""
+    found = [FRAME.match(line) for line in _dump_block(text).splitlines()[1:]]
     found = [m for m in found if m][:frames]
     return " <- ".join(f"{_package_path(m['file'])}:{m['line']} {m['func']}" for m in found)
+
+
+def package_file(path: str) -> str | None:
+    """torchtitan/... or torch/... of a frame's file (the last such folder of its path), else None."""
+    m = PACKAGE_FILE.match("/" + path.lstrip("/"))
+    return m.group(1) if m else None
+
+
+def stack(text: str, innermost_first=False) -> list[tuple[str, str]]:
+    """(file, function) of each frame in ``text``, innermost first (a traceback lists it last, faulthandler first)."""
+    found = [(m["file"], m["func"]) for m in ANY_FRAME.finditer(text)]
+    return found if innermost_first else found[::-1]
+
+
+def where(frame: tuple[str, str]) -> str:
+    path, func = frame
+    return f"{package_file(path) or '/'.join(path.split('/')[-2:])}:{func}"
+
+
+def innermost(found: list[tuple[str, str]], packages=("torchtitan/", "torch/")) -> str:
+    """``file:function`` of the innermost frame in one of ``packages``, else of the innermost frame at all: where a
+    bug is, not its line (lines move between a PR and its base)."""
+    inside = [f for f in found if (package_file(f[0]) or "").startswith(packages)]
+    return where((inside or found)[0]) if found else ""
+
+
+def error_site(text) -> str:
+    """The innermost torchtitan or torch frame of the root cause of the log's last exception (the first traceback of
+    its chain: a compile error's last traceback ends in the backend's wrapper, whatever broke inside it)."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().endswith(TRACEBACK)]
+    if not starts:
+        return ""
+    k = len(starts) - 1
+    while k and any(m in "\n".join(lines[max(starts[k] - 3, 0) : starts[k]]) for m in CHAIN_MARKERS):
+        k -= 1
+    block, i = [], starts[k] + 1
+    while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
+        block.append(lines[i])
+        i += 1
+    return innermost(stack("\n".join(block)))
+
+
+def crash_stack(text, frames=3) -> str:
+    """A crash's stack as faulthandler recorded it: its innermost frames as file:function (no lines)."""
+    found = stack(_dump_block(text), innermost_first=True)[:frames]
+    return " <- ".join(where(f) for f in found)
+
+
+def hang_site(texts: dict, stuck: list) -> str:
+    """Where the first stuck rank with a stack dump waits: its innermost torch.distributed call and the innermost
+    torchtitan frame that called it (else its innermost frame)."""
+    for rank in stuck:
+        found = stack(_dump_block(texts.get(rank, "")), innermost_first=True)
+        if found:
+            waits = (
+                innermost(found, ("torch/distributed/",))
+                if any((package_file(f[0]) or "").startswith("torch/distributed/") for f in found)
+                else ""
+            )
+            caller = innermost(found, ("torchtitan/",))
+            return f"{waits} from {caller}" if waits and waits != caller else caller
+    return ""
+
+
+def failure_site(res, texts: dict, stuck: list) -> str:
+    """Where a result failed, for its identity (judge.identity): a hang's waiting rank (or the exception of the rank
+    that left first), a crash's stack, an error's frame; nothing for infra (not the cell's own)."""
+    text = texts.get(res.failing_rank, "") if res.failing_rank is not None else ""
+    if res.failure_class == FailureClass.CRASH:
+        return crash_stack(text)
+    if res.failure_class == FailureClass.HANG:
+        return error_site(text) or hang_site(texts, stuck)
+    if res.failure_class in (FailureClass.INFRA, None):
+        return ""
+    return error_site(text)
 
 
 def _package_path(path):
@@ -315,6 +399,7 @@ def build_result(cell, outcome, log_dir, expected_steps=None, trains=True) -> Ce
     )  # (a step before the cell, e.g. precompile, trains nothing)
     if failure:
         res.fail(*failure)
+        res.site = failure_site(res, texts, outcome.stuck_ranks)
     if outcome.timed_out and first is not None:
         res.details.append(f"ranks {outcome.stuck_ranks} were still running at the timeout and were killed")
     if res.status == Status.FAILED and PORT_TAKEN.search(res.error_text or ""):

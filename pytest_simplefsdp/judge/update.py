@@ -15,7 +15,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ..kinds import KnownKind
 from ..spec.cells import value_id
 from .combination import needs
-from .known import COMMIT_KEY, TODO_LINK, commit_scope
+from .known import COMMIT_KEY, TODO_LINK, commit_scope, signature
 
 
 @dataclass
@@ -119,7 +119,8 @@ def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, change
         eid = draft.id
         while eid in added:  # (two signatures that need the same values)
             eid = f"{eid}-{len(added) + 1}"
-        pattern = _escape(" ".join((result.signature or "").split(" ")[:12]))
+        # the pattern is searched in the normalised text (known.signature), not in the identity the drafts group by
+        pattern = _escape(" ".join(signature(result.error_text or result.error_line).split(" ")[:12]))
         if eid in ids:
             first, last = spans[ids[eid]]
             at = next((n for n in range(first, last + 1) if re.match(r"\s*(- )?error:", lines[n])), None)

@@ -3,8 +3,8 @@ sides' signatures, for the terminal, the JSON document, the status markdown and 
 
 from __future__ import annotations
 
-from ..judge.gate import MEANING, ORDER, Base, legend, on_the_base, shut
-from ..kinds import RecordType
+from ..judge.gate import ADDED, MEANING, ORDER, Base, legend, on_the_base, shut
+from ..kinds import GateClass, RecordType
 
 __all__ = ["MEANING", "ORDER", "gate", "headline", "legend", "numerics", "rows", "shut"]
 
@@ -18,7 +18,8 @@ def gate(doc: dict) -> dict | None:
     for run_doc in doc["runs"]:
         for rec in run_doc["cells"]:
             if rec.get("gate") and rec.get("type", RecordType.CELL) == RecordType.CELL:
-                theirs = on_the_base(rec["gate"], rec.get("base") or {})
+                added = rec["gate"] == GateClass.KNOWN and str(rec.get("verdict", "")).startswith(ADDED)
+                theirs = on_the_base(rec["gate"], {**(rec.get("base") or {}), "added": added})
                 failures.append(
                     {
                         "cell": f"{run_doc['meta']['profile']}::{rec['id']}",
@@ -26,11 +27,13 @@ def gate(doc: dict) -> dict | None:
                         "here": rec.get("signature") or rec.get("error_line") or "",
                         "base": theirs,
                         "verdict": rec.get("verdict", ""),
+                        "added": added,
                     }
                 )
     failures.sort(key=lambda f: (ORDER.index(f["class"]), f["cell"]))
     counts = {str(c): sum(1 for f in failures if f["class"] == c) for c in ORDER}
-    return {"base": base, "counts": counts, "failures": failures, "numerics": numerics(doc)}
+    added = sum(1 for f in failures if f["added"])
+    return {"base": base, "counts": counts, "added": added, "failures": failures, "numerics": numerics(doc)}
 
 
 def numerics(doc: dict) -> dict:
@@ -50,6 +53,7 @@ def numerics(doc: dict) -> dict:
                         "line": other.get("line"),
                         "beyond": bool(other.get("beyond")),
                         "size": other.get("size") or {},
+                        "compared": other.get("changed") is not None,
                     }
                 )
     return {"compared": compared, "changed": changed}
@@ -61,14 +65,22 @@ def numerics_lines(g: dict) -> list[str]:
     if not n.get("compared") and not n.get("changed"):
         return []
     moved = [c for c in n["changed"] if c["size"]]
-    head = f"numerics vs the base: {len(moved)} of {n['compared']} passing smoke cell(s) compared changed" + (
-        "" if moved else " (bit for bit the same)"
-    )
+    missed = sum(1 for c in n["changed"] if not c.get("compared", True))
+    if n["compared"]:
+        head = f"numerics vs the base: {len(moved)} of {n['compared']} passing smoke cell(s) compared changed" + (
+            "" if moved else " (bit for bit the same)"
+        )
+    else:  # nothing was compared: nothing is said to be the same
+        head = "numerics vs the base: no passing smoke cell could be compared"
+    if missed:
+        head += f"; {missed} could not be compared (it did not pass on the base)"
     return [head] + [f"  {c['cell']}: {c['line']}" for c in n["changed"]]
 
 
 def headline(g: dict) -> str:
     counts = ", ".join(f"{n} {c}" for c, n in g["counts"].items())
+    if g.get("added"):
+        counts += f" ({g['added']} {ADDED})"
     return f"PR gate against base {Base(**g['base']).name()}: {counts}"
 
 

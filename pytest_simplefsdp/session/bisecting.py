@@ -15,7 +15,8 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from ..judge.known import signature
+from ..judge.identity import identity
+from ..judge.results import CellResult
 from ..kinds import Status
 from ..machine import installed
 from ..report.page import main_log
@@ -134,7 +135,7 @@ class Bisector:
                 item.error = f"cannot bisect {cell.id}: {e}"
                 found.append(item)
                 continue
-            wanted = rec.get("signature") or signature(rec.get("error_text") or rec.get("error_line"))
+            wanted = rec.get("signature") or identity(CellResult.from_record(rec))
             known = (
                 {}
                 if current not in versions
@@ -219,7 +220,7 @@ def outcome(result, wanted) -> tuple:
     """(outcome, signature, line) of one run of a probe against the signature being bisected."""
     if result.status == Status.PASSED:
         return PASSES, "", ""
-    sig = signature(result.error_text or result.error_line)
+    sig = result.signature or identity(result)
     line = result.error_line or ""
     if result.not_run:  # no environment for the version: asked before the signature, which an environment's
         return UNTESTABLE, sig, line  # failure shares at every version

@@ -28,7 +28,7 @@ from ..store.runs import RunError, load_run
 from ..versions.git import GitError, git, is_checkout, merge_base, short_sha
 from ..versions.sets import INSTALLED, available_versions, parse
 from ..words import did_you_mean
-from ..yamlio import MatrixError
+from ..yamlio import MatrixError, parse_yaml, plain
 
 
 def make_launcher(config, dry_run):
@@ -227,7 +227,28 @@ def resolve_base(config, s):
             f"--simplefsdp-base={s.base}: {commit} is the commit the installed torchtitan runs "
             f"(nothing to compare with); name the PR's base"
         )
-    return Base(ref, commit, str(repo))
+    return Base(ref, commit, str(repo), base_entries(repo, commit, known_failures_path(config, s)))
+
+
+def base_entries(repo, commit, path) -> tuple | None:
+    """The entry ids of the known-failures file ``path`` as the base ``commit`` has it, where the file is part of
+    the checkout ``repo`` (an empty tuple where the base has no such file); None where it is not part of it: one
+    file then judges both sides."""
+    try:
+        rel = Path(path).resolve().relative_to(Path(repo).resolve())
+    except ValueError:
+        return None
+    try:
+        text = git(repo, "show", f"{commit}:{rel.as_posix()}")
+    except GitError:
+        return ()  # the base has no such file: every entry is the PR's
+    try:
+        doc = plain(parse_yaml(text, f"{rel} at {commit}"))
+    except MatrixError:
+        return ()
+    if not isinstance(doc, list):
+        return ()
+    return tuple(str(e["id"]) for e in doc or [] if isinstance(e, dict) and e.get("id") is not None)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ import psutil
 import pytest
 
 from ..judge import mutants
-from ..judge.decision import confirm_record, decide, record_decision
+from ..judge.decision import confirm_record, decide, record_decision, runs_to_pass
 from ..judge.gate import base_record, numerics_vs_base
+from ..judge.history import flaky_past
 from ..judge.history import record as history_record
+from ..judge.identity import identity
 from ..judge.results import CellResult
 from ..judge.verdict import Verdict
 from ..kinds import FailureClass, KnownKind, RecordType, Status
@@ -160,8 +162,9 @@ class MatrixSession:
         entries = self.entries_for(run, cell)
         first = decide(result, entries, self.settings.gate, self.settings.update_known_failures)
         if first.status == Status.FAILED and result.failure_class and first.entry is None:
-            self.confirm(run, cell, result)  # (a culprit that passes on its rerun leaves the cell judged anew)
             result.history = self.history_of(run, cell, result)
+            # (a culprit that passes on its rerun leaves the cell judged anew)
+            self.confirm(run, cell, result, first.proving)
             if self.base is not None and result.status == Status.FAILED and result.failure_class:
                 result.base = self.against_base(run, cell, result, entries)
         d = decide(
@@ -173,6 +176,7 @@ class MatrixSession:
             result.base,
             gated=self.base is not None,
             history=result.history,
+            base_entries=self.base.entries if self.base else None,
         )
         if (
             d.status == Status.PASSED
@@ -191,6 +195,7 @@ class MatrixSession:
                     result.base,
                     gated=True,
                     history=result.history,
+                    base_entries=self.base.entries,
                 )
         record_decision(result, d)
         return result, Verdict(d.status, d.entry, d.verdict, d.flaky)
@@ -260,11 +265,22 @@ class MatrixSession:
             for n in range(1, (runs or self.settings.confirm) + 1)
         ]
 
-    def confirm(self, run, cell, result):
-        """A new failure is run again (--simplefsdp-confirm runs in all, each in ``<cell>/confirm<N>/``) before it
-        is reported as new; its runs' record (``result.confirm``) is what judge.decision reads. A cell that did
-        not run to its own end (SLURM cancelled it, srun refused it) is not run again: its failure is not the cell's."""
-        runs = self.settings.confirm
+    def confirm(self, run, cell, result, proving=None):
+        """A failure is run again (each run in ``<cell>/confirm<N>/``) before it is reported: --simplefsdp-confirm
+        runs in all for a new failure; for one a kind: flaky entry (``proving``) matches, or whose history shows it
+        flaky, until a pass is likely by that pass rate (judge.decision.runs_to_pass), these extra runs stopping at
+        the first pass. Its runs' record (``result.confirm``) is what judge.decision reads. A cell that did not run
+        to its own end (SLURM cancelled it, srun refused it) is not run again: its failure is not the cell's."""
+        planned, why = self.settings.confirm, ""
+        past = flaky_past(result.history, identity(result))
+        if proving is not None:
+            planned, runs = 1, runs_to_pass(proving.pass_rate)
+            why = f"entry {proving.id} says it passes {proving.pass_rate:.0%} of runs"
+        elif past:
+            runs = max(planned, runs_to_pass(past[1]))
+            why = past[0] if runs > planned else ""
+        else:
+            runs = planned
         if runs <= 1 or result.not_run:  # a cell the launcher did not run (or someone stopped) shows nothing of its own
             return
         if result.culprit:
@@ -273,7 +289,9 @@ class MatrixSession:
         for n in range(2, runs + 1):
             with self.phase(run, cell, f"confirming run {n} of {runs}"):
                 again.append(self.run_attempt(run, cell, f"confirm{n}"))
-        result.confirm = confirm_record(result, again)
+            if n >= planned and any(r.status == Status.PASSED for r in again):
+                break  # the runs past --simplefsdp-confirm look for a pass: one is enough
+        result.confirm = confirm_record(result, again, why)
 
     def confirm_culprit(self, run, cell, result, runs):
         """A cell failed by its baseline or seed checkpoint (``culprit``): that job, not the cell, runs again, up to

@@ -67,7 +67,9 @@ class RunMeta(Record):
     tier: Tier = Tier.REAL
     columns: list[str] = []
     valid: list[Place] = []  # every valid cell's place, selected or not (older runs: none)
-    base: dict[str, str] | None = None  # under --simplefsdp-base: the base {ref, commit, repo} failures were rerun on
+    # under --simplefsdp-base: the base {ref, commit, repo} failures were rerun on, and the entry ids of its
+    # known-failures file where that file is part of the checkout
+    base: dict[str, str | list[str]] | None = None
     known_failures: dict[str, str] | None = None  # {path, sha256} of the file that judged the run (older: none)
 
 
