@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_simplefsdp.yamlio import parse_yaml, plain
+
 from helpers import GIT, commit_all, fake_checkout, fake_matrix
 
 pytestmark = pytest.mark.fake
@@ -72,8 +74,10 @@ def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unatte
     assert f"https://github.com/pytorch/torchtitan/compare/{harmless}...{planted}" in body
     assert "## Reproducer" in body and f"regress-r2-torchtitan-{head}" in body
     draft = (out / "known_failures.draft.yaml").read_text()
-    assert f"first_failing: {{torchtitan: {planted}}}" in draft and f"last_passing: {{torchtitan: {harmless}}}" in draft
-    assert f"torchtitan_commit: '>={planted}'" in draft and "link: 'TODO: the upstream issue'" in draft
+    # read as YAML: a hash of digits and one `e` (5342917282e0) reads as a number, so the draft writes it quoted
+    (entry,) = plain(parse_yaml(draft, "draft"))
+    assert (entry["first_failing"], entry["last_passing"]) == ({"torchtitan": planted}, {"torchtitan": harmless})
+    assert (entry["when"]["torchtitan_commit"], entry["link"]) == (f">={planted}", "TODO: the upstream issue")
     second.stdout.fnmatch_lines(
         [
             "*simplefsdp sentinel*",

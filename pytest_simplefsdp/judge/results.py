@@ -336,13 +336,9 @@ def hang_site(texts: dict, stuck: list) -> str:
     for rank in stuck:
         found = stack(_dump_block(texts.get(rank, "")), innermost_first=True)
         if found:
-            waits = (
-                innermost(found, ("torch/distributed/",))
-                if any((package_file(f[0]) or "").startswith("torch/distributed/") for f in found)
-                else ""
-            )
+            waits = [f for f in found if (package_file(f[0]) or "").startswith("torch/distributed/")]
             caller = innermost(found, ("torchtitan/",))
-            return f"{waits} from {caller}" if waits and waits != caller else caller
+            return f"{where(waits[0])} from {caller}" if waits and where(waits[0]) != caller else caller
     return ""
 
 
