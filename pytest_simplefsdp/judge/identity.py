@@ -15,6 +15,7 @@ import re
 
 from ..kinds import FailureClass
 from .known import signature
+from .results import CRASH_SITE
 
 # numbers with a fraction or an exponent (values: a loss, a norm, a tolerance); whole numbers (steps, ranks,
 # parameters' block numbers) are kept
@@ -28,8 +29,8 @@ def identity(result) -> str:
     text = result.error_text or result.error_line or ""
     if result.failure_class == FailureClass.NUMERICS:
         return numerics_identity(result)
-    site = getattr(result, "site", "") or ""
-    head = signature(text.split("\nPython was in (faulthandler)")[0])
+    site = result.site
+    head = signature(text.split(CRASH_SITE)[0])
     if result.failure_class == FailureClass.HANG:
         head = re.sub(r"^timed out after N s; ranks still running: [N, ]+", "hang", head)
     return f"{head} @ {site}" if site else head

@@ -61,6 +61,8 @@ FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\
 # a frame as a traceback prints it and as faulthandler does (no comma before "in")
 ANY_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)', re.M)
 PACKAGE_FILE = re.compile(r".*/((?:torchtitan|torch)/.+)$")
+# the line a crash's text ends with: where Python was, with lines (judge.identity keeps the stack without them)
+CRASH_SITE = "\nPython was in (faulthandler): "
 PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
 # the typed fields of a result: a word outside its vocabulary is an error where it is set, not a wrong report
 TYPED = {"status": Status, "failure_class": FailureClass, "mutation": Mutation, "gate": GateClass}
@@ -482,7 +484,7 @@ def _rank_failure(outcome, texts, failed=None):
             hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(text)), None)
             line = f"rank {failed} killed by {signal_name(code)}" + (f": {hint}" if hint else "")
             site = crash_site(text)
-            return FailureClass.CRASH, line, failed, line + (f"\nPython was in (faulthandler): {site}" if site else "")
+            return FailureClass.CRASH, line, failed, line + (f"{CRASH_SITE}{site}" if site else "")
         if exc:
             return classify(exc[0], exc[2], code), exc[0], failed, exc[1]
         line = fallback_error(text) or f"rank {failed} exited with code {code}"
