@@ -551,6 +551,17 @@ OPTIONS = [
         metavar="REF",
     ),
     Option(
+        "footprint",
+        "bool",
+        False,
+        "record what of the torchtitan checkout each cell's ranks executed (the files "
+        "they imported, opened or listed, the functions that ran or that dynamo traced) "
+        "and keep it per torchtitan commit under .simplefsdp/footprints/, where "
+        "--simplefsdp-changed selects cells by it; on under --simplefsdp-sentinel. "
+        "Costs each cell a trace function on every call (benchmarks/footprint.py)",
+        flag,
+    ),
+    Option(
         "history",
         "string",
         None,
@@ -633,6 +644,7 @@ class Settings:
     base: str | None
     base_numerics: str
     changed: str | None
+    footprint: bool
     history: Path | str | None
     sentinel: Path | None
     torchtitan_repo: Path | None
@@ -659,6 +671,7 @@ class Settings:
                 "--simplefsdp-base reruns failures on the base's torchtitan; it runs the installed "
                 "versions only: drop --simplefsdp-twin / --simplefsdp-versions"
             )
+        values["footprint"] = bool(values["footprint"] or values["sentinel"])  # the nightly makes the footprints
         return cls(**values)
 
     @property

@@ -89,3 +89,42 @@ def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unatte
     red = state["cells"]["fake::regress-r2"]
     assert red["status"] == "failed" and red["green"]["torchtitan_commit"] == good
     nightly(head).stdout.fnmatch_lines(["*simplefsdp sentinel*", "0 cell(s) turned red since the last nightly*"])
+
+
+def test_a_cell_flaky_last_night_is_bisected_and_two_regressions_in_one_window_are_two_bugs(
+    run_matrix, pytester, main_repo
+):
+    """Night 1 green; night 2 the cell is flaky (so it was never "passed last night" again); night 3 it fails: it
+    is bisected from night 1's commit, and the window holds two regressions (one commit breaks it with another
+    error, a later one with tonight's): the probes that failed otherwise are a second search, and two bugs are
+    written, each at its own commit."""
+    repo = main_repo
+    good = says(repo, "", "main, green")
+    text = fake_matrix(modes=["pass", "regress"], args=', "--torchtitan-says"')
+    text = text.replace("target:\n", f'target:\n  env: {{FAKE_TORCHTITAN_SAYS: "{pytester.path / "none.txt"}"}}\n')
+    folder = pytester.path / "nightly"
+
+    def nightly(commit):
+        return run_matrix(
+            text,
+            f"--simplefsdp-sentinel={folder}",
+            f"--simplefsdp-versions=torchtitan@{commit}",
+            f"--simplefsdp-torchtitan-repo={repo}",
+            "--simplefsdp-confirm=2",
+        )
+
+    nightly(good).assert_outcomes(passed=2)
+    shaky = says(repo, "regress flaky\n", "a flake")
+    second = nightly(shaky)
+    assert json.loads((folder / "nightly.json").read_text())["cells"]["fake::regress-r2"]["status"] != "passed"
+    second.stdout.fnmatch_lines(["*simplefsdp sentinel*", "0 cell(s) turned red since the last nightly*"])
+    first_bug = says(repo, "regress other\n", "breaks it one way")
+    second_bug = says(repo, "regress\n", "breaks it another way")
+    head = says(repo, "regress\n", "after them")
+    third = nightly(head)
+    third.stdout.fnmatch_lines(["*simplefsdp sentinel*", "1 cell(s) turned red since the last nightly (*), 2 bug(s)"])
+    out = Path(json.loads((folder / "nightly.json").read_text())["run"])
+    bodies = [p.read_text() for p in sorted((out / "issues").iterdir())]
+    assert len(bodies) == 2
+    assert any(f"regressed in @{second_bug}" in b for b in bodies), bodies
+    assert any(f"regressed in @{first_bug} (last good @" in b and "another fake error" in b for b in bodies), bodies

@@ -86,6 +86,11 @@ def _rank(req, rank, server):
                 traceback.print_exc(file=err)
         except OSError:
             pass
+    for at_exit in getattr(sys.modules.get("sitecustomize"), "AT_EXIT", []):  # e.g. the footprint's record
+        try:
+            at_exit()
+        except Exception:  # noqa: BLE001 - a record that cannot be written is missing, the rank's code stands
+            traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

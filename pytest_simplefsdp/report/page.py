@@ -188,6 +188,10 @@ def _run(run, changes, link):
     ]
     if note := trace_note(meta):
         out.append(f"<p><b>{_e(note)}</b></p>")
+    if (meta.get("changed") or {}).get("not_gated"):
+        out.append("<p><b>Not gated here</b>: changes no cell of this profile reaches (not a pass)</p><ul>")
+        out += [f"<li>{_e(p)}: {_e(w)}</li>" for p, w in meta["changed"]["not_gated"].items()]
+        out.append("</ul>")
     groups = features(run)
     if groups:
         out.append("<h3>Status by feature</h3>")

@@ -4,6 +4,7 @@ before it counts (checks.py). Numerics against a baseline are the next step (bas
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,12 @@ from ..kinds import FailureClass, Status, Tier
 from ..launch.builtin import LAUNCHERS
 from ..launch.procs import free_port
 from ..launch.spec import LaunchOutcome, LaunchSpec
+from ..machine import installed_commit, source_checkout
 from ..paths import probe_folder
-from ..spec.cells import Cell, value_id
+from ..spec import footprint
+from ..spec.cells import Cell, first_id, value_id
+from ..store import footprints
+from ..versions.git import GitError, find_commit
 from ..versions.sets import cell_set
 from . import checks
 from .sets import VersionSets
@@ -43,8 +48,10 @@ def render_trace(trace_dir: Path, out: Path):
 
 
 class CellRunner:
-    def __init__(self, settings, launcher, run_dir: Path, max_ranks: int, envs=None):
+    def __init__(self, settings, launcher, run_dir: Path, max_ranks: int, envs=None, footprints=None):
         self.settings, self.launcher, self.run_dir, self.max_ranks = settings, launcher, run_dir, max_ranks
+        self.footprints = footprints  # --simplefsdp-footprint: the store's folder (None: no footprint is made)
+        self.checkout = settings.torchtitan_repo or source_checkout("torchtitan")
         self.sets = VersionSets(envs)  # where a cell's version set runs
         self.lock = threading.Lock()  # a target's assets are made once, whichever cell comes first
 
@@ -85,6 +92,7 @@ class CellRunner:
         port = port or free_port()
         command = self.command(run, cell, cell_dir / "dump", port, seed, later)
         command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(log_dir))  # where ranks record what ran
+        self.ask_footprint(command)
         if cell.mutant:
             command.env["SIMPLEFSDP_MUTANT"] = cell.mutant
         # the trace tier: one process plays rank `trace.rank` of the cell's world
@@ -134,6 +142,7 @@ class CellRunner:
             result = self._launch(run, cell, spec, launcher)
             result.details.append(f"first try: {taken}; relaunched on port {spec.port}")
         result.versions = self.sets.ran_on(run, vset)
+        self.keep_footprint(run, cell, vset, spec, result)
         self.prove(run, vset, spec, result)
         checks.run_checks(run, cell, spec, result)
         if result.status == Status.PASSED and run.target.runs(cell) > 1:
@@ -144,6 +153,54 @@ class CellRunner:
         if result.failure_class and trace.is_dir():
             result.trace_html = render_trace(trace, spec.log_dir / "tlparse")
         return result
+
+    def ask_footprint(self, command):
+        """--simplefsdp-footprint: the ranks record what of the checkout they ran (shim/footprint.py)."""
+        if self.footprints is not None:
+            command.env["SIMPLEFSDP_FOOTPRINT"] = str(self.checkout or 1)
+
+    def keep_footprint(self, run, cell, vset, spec, result):
+        """--simplefsdp-footprint: what the cell's ranks ran (its steps before it included), kept for the torchtitan
+        commit they ran; none where a rank left no record (it died first) or the commit is not known."""
+        if self.footprints is None or cell.mutant or run.matrix.tier != Tier.REAL:
+            return
+        pinned = dict(vset.pins).get("torchtitan", "")
+        commit = pinned[1:] if pinned.startswith("@") else (installed_commit() or ("",))[0]
+        if self.checkout and commit:
+            try:
+                commit = find_commit(self.checkout, commit)
+            except GitError:
+                pass
+        elif not commit and result.versions.get("torchtitan"):  # a release: its version names its code
+            commit = f"torchtitan-{result.versions['torchtitan']}"
+        folders = [(probe_folder(spec.log_dir), spec.nproc)] + [
+            (probe_folder(self.cell_dir(run, cell.id) / step), 1) for step in run.target.before_steps(cell)
+        ]
+        named = self.named_paths(spec.command)
+        prints = [footprint.of_ranks(folder, n, named) for folder, n in folders]
+        if not commit or None in prints:
+            result.details.append(
+                "no footprint kept: "
+                + ("the torchtitan commit it ran is not known" if not commit else "a rank left no footprint record")
+            )
+            return
+        footprints.save(
+            self.footprints,
+            commit,
+            value_id(run.matrix.profile),
+            first_id(cell.id),
+            footprint.union(prints),
+            result.versions,
+        )
+
+    def named_paths(self, command) -> list[str]:
+        """The checkout's files and folders the command names (the tokenizer, the dataset): read by code the trace
+        cannot see (a tokenizer's Rust), they are in the footprint."""
+        if not self.checkout:
+            return []
+        root = str(Path(self.checkout).resolve()) + "/"
+        words = [w for a in [*command.argv, *command.env.values()] for w in re.split(r"[=,:\s]", str(a))]
+        return sorted({w[len(root) :].rstrip("/") for w in words if w.startswith(root) and len(w) > len(root)})
 
     def prove(self, run, vset, spec, result):
         """What the ranks imported, against what the cell was to run on: a version set's run that ran other code is
@@ -190,6 +247,7 @@ class CellRunner:
         cell_dir = self.cell_dir(run, cell.id)
         command = run.target.step_command(cell, step, dump_folder=cell_dir / "dump", seed_folder=seed)
         command.env["SIMPLEFSDP_EVIDENCE_DIR"] = str(probe_folder(cell_dir / step))
+        self.ask_footprint(command)
         return LaunchSpec(
             f"{cell.id}-{step}",
             command,

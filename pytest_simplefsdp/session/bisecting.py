@@ -47,14 +47,18 @@ class Found:
     bisection: object = None  # versions.bisect.Bisection
     issue: Path | None = None  # the markdown issue body written beside the run
     error: str = ""  # why it could not be bisected
+    signature: str = ""  # what was bisected where not the record's own: a second regression met in the window
+    failing: object = None  # that second regression's failing run (a CellResult), for its issue and draft
 
 
 class Bisector:
-    def __init__(self, state, package=None, spec=None):
-        """``package`` and ``spec``: what to bisect over (default: --simplefsdp-bisect, --simplefsdp-bisect-versions)."""
-        self.state, self.settings = state, state.settings
+    def __init__(self, state, package=None, spec=None, reuse=True):
+        """``package`` and ``spec``: what to bisect over (default: --simplefsdp-bisect, --simplefsdp-bisect-versions);
+        ``reuse``: the run's own record is the probe of its version (not where the cells were pinned otherwise)."""
+        self.state, self.settings, self.reuse = state, state.settings, reuse
         self.package = package or self.settings.bisect
         self.spec = (self.settings.bisect_versions if spec is None else spec) or ""
+        self.results = {}  # (cell id, version) -> the probe's runs (CellResult), for a second search's issue
 
     def to_bisect(self, records, selected):
         """[(run, cell, record)]: every new failure of the run; where the selection was narrowed (-k, node ids) every
@@ -108,6 +112,7 @@ class Bisector:
 
         def probe(version):
             results = self.state.runs_on(run, cell, self.package, version, "bisect")
+            self.results[(cell.id, version)] = results
             runs = [(*outcome(r, wanted), r.wall) for r in results]
             outside = next((r.outside_range for r in results if r.outside_range), [])
             return dataclasses.replace(judge_runs(version, runs), outside="; ".join(outside))
@@ -138,22 +143,46 @@ class Bisector:
             wanted = rec.get("signature") or identity(CellResult.from_record(rec))
             known = (
                 {}
-                if current not in versions
+                if current not in versions or not self.reuse
                 else {
                     current: judge_runs(current, [(FAILS, wanted, rec.get("error_line") or "", rec.get("wall") or 0.0)])
                 }
             )
             item.bisection = bisect(versions, self.probe_for(run, cell, wanted), known)
             item.issue = self.issue(item, wanted)
-            found.append(item)
+            found += [item, *self.second_searches(item, versions, wanted)]
         return found
+
+    def second_searches(self, item, versions, wanted) -> list[Found]:
+        """A window can hold more than one regression: a probe that failed with another signature is a bug of its
+        own, searched for in turn between the list's start and the newest version that failed with it (the probes
+        run so far reused, judged against that signature), and reported apart."""
+        out, searched = [], {wanted}
+        queue = [item]
+        while queue:
+            probes = queue.pop(0).bisection.probes
+            for other in [p for p in probes if p.outcome == OTHER and p.signature not in searched]:
+                searched.add(other.signature)
+                newest = max(versions.index(p.version) for p in probes if p.signature == other.signature)
+                known = {p.version: against(p, other.signature, wanted) for p in probes}
+                run, cell = item.run, item.cell
+                second = Found(run, cell, item.record, self.package, signature=other.signature)
+                second.bisection = bisect(versions[: newest + 1], self.probe_for(run, cell, other.signature), known)
+                window = second.bisection.window
+                runs = self.results.get((cell.id, window[1] if window else other.version)) or []
+                second.failing = next((r for r in runs if r.status != Status.PASSED), None)
+                second.issue = self.issue(second, other.signature)
+                out.append(second)
+                queue.append(second)
+        return out
 
     def issue(self, item, wanted) -> Path:
         """The markdown issue body beside the run: ready to file upstream."""
-        b, rec = item.bisection, item.record
+        b = item.bisection
+        rec = item.failing.record() if item.failing is not None else item.record
         folder = self.state.run_dir / "bisect"
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{item.cell.id}-{item.package}.md"
+        path = folder / f"{item.cell.id}-{item.package}{'-' + slug_of(wanted) if item.signature else ''}.md"
         window = window_words(item, self.settings.torchtitan_repo)
         lines = [
             f"# {rec.get('error_line') or wanted} ({item.package} {window})",
@@ -205,6 +234,19 @@ class Bisector:
         ]
 
 
+def against(probe, signature, before):
+    """A probe judged against another signature: one that failed with it fails, one that failed with the signature
+    searched before is another error (a flaky or untestable probe stays what it was)."""
+    if probe.outcome not in (FAILS, OTHER):
+        return probe
+    outcome = FAILS if probe.signature == signature else OTHER
+    return dataclasses.replace(probe, outcome=outcome, runs=[outcome] * len(probe.runs))
+
+
+def slug_of(signature) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", signature)[:40].strip("-")
+
+
 def failing_set(item, probe):
     """The version set the failing probe ran (the cell's own, with the bisected package pinned to its version)."""
     vset = cell_set(item.cell.axes)
@@ -253,6 +295,7 @@ def bisect_record(found: Found, repo=None) -> dict:
     return {
         "cell": cell,
         "package": found.package,
+        **({"second_regression": found.signature} if found.signature else {}),
         "issue": str(found.issue),
         "found": window_words(found, repo),
         **found.bisection.record(),

@@ -18,15 +18,17 @@ from ..machine import cuda_device_ids
 from ..options import settings
 from ..run.progress import Progress, duration, estimate, stored_walls
 from ..run.schedule import Packer
-from ..spec.cells import named_by
+from ..spec.cells import named_by, value_id
 from ..spec.paths import select
+from ..store import footprints
+from ..versions.git import find_commit
 from ..words import plural
 from ..yamlio import MatrixError
 from .bisecting import Bisector
 from .items import CellItem, MatrixCollector
 from .reporting import Reporter
 from .sentinel import Sentinel
-from .setup import check_plugins
+from .setup import changes_since, check_plugins
 from .state import MatrixSession
 
 
@@ -94,26 +96,51 @@ class Controller:
                 f"--simplefsdp-changed: target {run.target.name!r} of {run.name} has no map of "
                 f"torchtitan paths (matrix/paths/<target>.yaml)"
             )
-        selection = select(rules, changed.files)
-        keep = [i for i in cells if selection.reaches(i.cell.axes)]
+        selection, since = self.selection(run, rules, changed)
+        keep = [i for i in cells if selection.reaches(i.cell.id, i.cell.axes)]
         left = [i for i in cells if i not in keep]
-        config.hook.pytest_deselected(items=left)
-        why = selection.why()
+        config.hook.pytest_deselected(items=[i for i in cells if i not in keep])
+        why, not_gated = selection.why([(i.cell.id, i.cell.axes) for i in cells])
+        traced = sum(1 for i in cells if i.cell.id in selection.prints)
         self.session.selections[run.name] = {
             **changed.about(),
             "files": why,
+            "not_gated": not_gated,
+            "footprints": {"commit": selection.made_at, "cells": traced} if traced else None,
             "selected": len(keep),
             "left_out": [i.cell.id for i in left],
         }
+        by = (
+            f"by what {traced} of its cells ran at {selection.made_at[:12]} (the map for the rest)"
+            if traced
+            else "by the map of torchtitan paths (no footprints kept: --simplefsdp-footprint makes them)"
+        )
         self.change_lines.append(
             f"simplefsdp: --simplefsdp-changed: {plural(len(why), 'file')} changed since "
-            f"{changed.ref} ({changed.commit}) reach {len(keep)} of {len(cells)} cells of "
-            f"{run.name}; {len(left)} left out"
+            f"{changed.ref} ({changed.commit}){since} reach {len(keep)} of {len(cells)} cells of "
+            f"{run.name}, {by}; {len(left)} left out"
         )
         self.change_lines += [f"    {path}: {what}" for path, what in list(why.items())[:12]]
         if len(why) > 12:
             self.change_lines.append(f"    ... and {len(why) - 12} more (the JSON's meta.changed lists them all)")
+        if not_gated:
+            self.change_lines.append(
+                f"simplefsdp: NOT GATED HERE: {plural(len(not_gated), 'changed file')} reach no cell of {run.name}: "
+                + "; ".join(f"{p}: {w}" for p, w in list(not_gated.items())[:6])
+            )
         return keep
+
+    def selection(self, run, rules, changed):
+        """(the selection, what the diff was taken since where not the base): the footprints kept for the base
+        commit, else for its nearest kept ancestor (the diff then taken from that commit: sound for what it ran)."""
+        repo, profile = changed.repo, value_id(run.matrix.profile)
+        base = find_commit(repo, changed.commit)
+        made_at = footprints.nearest(self.session.cache_dir, repo, base, profile)
+        if made_at is None:
+            return select(rules, changed.changes), ""
+        changes = changed.changes if made_at == base else changes_since(repo, made_at)
+        since = "" if made_at == base else f" (and since {made_at[:12]}, where its footprints were made)"
+        return select(rules, changes, footprints.load(self.session.cache_dir, made_at, profile), made_at), since
 
     def pytest_report_collectionfinish(self, config, start_path, items):
         return self.change_lines  # (after pytest's "collected N items / M deselected")
@@ -259,9 +286,10 @@ class Controller:
         if (
             session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
             and state.selections
-            and not any(sel["selected"] for sel in state.selections.values())
+            and not any(sel["selected"] or sel["not_gated"] for sel in state.selections.values())
         ):
             session.exitstatus = pytest.ExitCode.OK  # a change no cell can reach (docs, tests): nothing to gate
+        # (one that reaches only cells this profile has not stays "no tests ran": not gated here is not a pass)
         if self.reporter.leftover_lines:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.update_known_failures and not self.settings.dry_run and self.worker is None:

@@ -63,6 +63,12 @@ class Reporter:
             tr.section("simplefsdp: processes outlived the run (killed now)", red=True)
             for line in self.leftover_lines:
                 tr.write_line(line, red=True)
+        for run_doc in doc["runs"]:
+            not_gated = (run_doc["meta"].get("changed") or {}).get("not_gated")
+            if not_gated:
+                tr.section(f"simplefsdp: not gated here ({run_doc['meta'].get('matrix')}): not a pass", red=True)
+                for path, why in not_gated.items():
+                    tr.write_line(f"{path}: {why}", red=True)
         tr.section("simplefsdp composability")
         for line in self.update_lines:
             tr.write_line(f"{shown(self.update_path, self.root)}: {line}")
@@ -144,8 +150,10 @@ class Reporter:
                 tr.write_line(found.error)
                 continue
             b = found.bisection
+            second = f" (another regression in its window: {found.signature})" if found.signature else ""
             tr.section(
-                f"simplefsdp bisect {found.package}: {cell}: {window_words(found, self.settings.torchtitan_repo)}"
+                f"simplefsdp bisect {found.package}: {cell}{second}: "
+                f"{window_words(found, self.settings.torchtitan_repo)}"
             )
             tr.write_line(
                 tabulate(
@@ -190,7 +198,7 @@ class Reporter:
         out = {}
         for found in self.bisections:
             window = window_of(found)
-            if window:
+            if window and not found.signature:  # (a second regression met in the window is not this cell's entry)
                 out[found.record.get("known_failure") or f"{found.run.matrix.profile}-{found.cell.id}"] = window
         twin = self.settings.twin
         if twin:

@@ -1,8 +1,10 @@
 """--simplefsdp-sentinel=FOLDER: the nightly run on torchtitan main, unattended. FOLDER keeps the last nightly's
-state (``nightly.json``: per cell its outcome and the versions it last passed on). After the run, each cell that
-passed last night and now fails as new (confirmed by --simplefsdp-confirm, so not flaky) is bisected over what
-changed since it last passed (torchtitan commits of the checkout, else torch releases), and per bug (one signature
-of one profile) one issue body and one known-failures entry are written into ``FOLDER/<time>/``; the state moves on.
+state (``nightly.json``: per cell its outcome, the versions it last passed on, the signatures reported since). After
+the run, each cell that fails as new (confirmed by --simplefsdp-confirm, so not flaky tonight) and passed on some
+earlier nightly is bisected over what changed since it last passed, whatever the nights between said: torchtitan's
+commits of the checkout, then torch's releases where torch moved too. A window can hold two regressions: a probe
+that fails otherwise is searched for in turn. Per bug (one signature of one profile) one issue body and one
+known-failures entry are written into ``FOLDER/<time>/``; the state moves on.
 Nothing is asked between: one command, the nightly's cron line."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from ..judge.known import load_known_failures
@@ -17,7 +20,7 @@ from ..judge.results import CellResult
 from ..judge.update import drafts, update_file
 from ..kinds import RecordType, Status
 from ..spec.cells import cell_id
-from ..versions.sets import INSTALLED
+from ..versions.sets import INSTALLED, cell_set
 from ..yamlio import MatrixError
 from .bisecting import Bisector, installed_releases, window_of, window_words
 
@@ -44,8 +47,10 @@ class Sentinel:
         return {**installed_releases(), "torchtitan_commit": commit.sha if commit else None}
 
     def turned_red(self, records, selected) -> list:
-        """[(run, cell, record, last green versions)]: cells that passed in the last nightly and fail now, new
-        (no known-failures entry, not flaky)."""
+        """[(run, cell, record, last green versions)]: cells that fail now, new (no known-failures entry, not flaky
+        tonight), and passed on some earlier nightly, whatever the nights between said (flaky, infra, skipped, or
+        red with a bug already reported); a signature already reported for the cell since it last passed is not
+        searched again."""
         if not self.last:
             return []
         cells = self.last.get("cells", {})
@@ -57,34 +62,42 @@ class Sentinel:
             run, cell = by_key[(rec["matrix"], rec["id"])]
             before = cells.get(key(run, cell)) or {}
             new = rec["status"] == Status.FAILED and rec.get("failure_class") and not rec.get("known_failure")
-            if new and not rec.get("flaky") and before.get("status") == Status.PASSED:
-                out.append((run, cell, rec, before.get("green") or {}))
+            reported = rec.get("signature") in before.get("reported", [])
+            if new and not rec.get("flaky") and before.get("green") and not reported:
+                out.append((run, cell, rec, before["green"]))
         return out
 
-    def window(self, green: dict, now: dict) -> tuple[str, str] | None:
-        """(package, versions to bisect over) between the versions a cell last passed on and tonight's."""
-        if (
-            green.get("torchtitan_commit")
-            and now.get("torchtitan_commit")
-            and green["torchtitan_commit"] != now["torchtitan_commit"]
-        ):
-            return "torchtitan", f"{green['torchtitan_commit']}..{now['torchtitan_commit']}"
-        for package in ("torch", "torchtitan"):
-            if green.get(package) and now.get(package) and green[package] != now[package]:
-                return package, f"{green[package]},{now[package]}"
-        return None
+    def windows(self, green: dict, now: dict) -> list[tuple[str, str]]:
+        """[(package, versions to bisect over)] between the versions a cell last passed on and tonight's, in order:
+        torchtitan's commits (or releases) first, then torch's releases (with torchtitan as it last passed)."""
+        out = []
+        if green.get("torchtitan_commit") and now.get("torchtitan_commit"):
+            if green["torchtitan_commit"] != now["torchtitan_commit"]:
+                out.append(("torchtitan", f"{green['torchtitan_commit']}..{now['torchtitan_commit']}"))
+        elif green.get("torchtitan") and now.get("torchtitan") and green["torchtitan"] != now["torchtitan"]:
+            out.append(("torchtitan", f"{green['torchtitan']},{now['torchtitan']}"))
+        if green.get("torch") and now.get("torch") and green["torch"] != now["torch"]:
+            out.append(("torch", f"{green['torch']},{now['torch']}"))
+        return out
 
     def run(self, records, selected) -> list:
-        """Bisect the cells that turned red (grouped by the window they share); their Found records."""
+        """Bisect the cells that turned red, over each package that moved since they last passed (grouped by the
+        window they share); their Found records. Where torch moved too, its search runs with torchtitan pinned to
+        the commit the cell last passed on, so that each package is searched with only itself moving."""
         self.red = self.turned_red(records, selected)
         groups = {}
         for run, cell, _rec, green in self.red:
-            groups.setdefault(self.window(green, self.current(run, cell)), []).append((run, cell))
+            moved = self.windows(green, self.current(run, cell))
+            for n, window in enumerate(moved):
+                pinned = cell
+                if n and moved[0][0] == "torchtitan" and green.get("torchtitan_commit"):
+                    vset = cell_set(cell.axes).with_pin("torchtitan", "@" + green["torchtitan_commit"])
+                    pinned = replace(cell, axes={**cell.axes, "versions": vset.label()})
+                groups.setdefault((window, pinned is not cell), []).append((run, pinned))
         found = []
-        for window, pairs in groups.items():
-            if window is None:
-                continue  # nothing changed since it passed: its confirmed failure has no window to search
-            found += Bisector(self.state, *window).run(records, pairs)
+        for (window, pinned), pairs in groups.items():
+            # (a pinned cell is not tonight's run: tonight's record is no probe of its versions)
+            found += Bisector(self.state, *window, reuse=not pinned).run(records, pairs)
         return found
 
     def write(self, records, selected, found) -> list:
@@ -94,15 +107,26 @@ class Sentinel:
         self.out = self.folder / stamp
         (self.out / "issues").mkdir(parents=True, exist_ok=True)
         (self.out / "run.json").write_text(json.dumps(self.state.store.document(), indent=1) + "\n")
-        bisected = {(f.run.name, f.cell.id): f for f in found}
+        bisected = {}  # (matrix, cell id, signature) -> the searches that found its window (torchtitan's first)
+        for f in found:
+            bisected.setdefault((f.run.name, f.cell.id, f.signature or f.record.get("signature")), []).append(f)
         runs = {run.name: run for run, _ in selected}
         bugs = []  # one per signature and profile: update.drafts groups them as the update command does
         for run in dict.fromkeys(r for r, *_ in self.red):
             failing = [CellResult.from_record(rec) for r, _, rec, _ in self.red if r is run]
+            # a second regression a search met in the window (its probes failed otherwise): a bug of its own
+            failing += [
+                replace(f.failing, id=f.cell.id, axes=f.cell.axes, signature=f.signature)
+                for f in found
+                if f.run is run and f.signature and f.failing is not None and f.bisection.window
+            ]
             bugs += [(run, d) for d in drafts(run.matrix.profile, failing, self.passing_axes(records, run))]
         windows, lines = {}, []
         for n, (run, draft) in enumerate(bugs, 1):
-            found_one = next((bisected[(run.name, r.id)] for r in draft.results if (run.name, r.id) in bisected), None)
+            searches = [f for r in draft.results for f in bisected.get((run.name, r.id, r.signature), [])]
+            found_one = next((f for f in searches if f.bisection and f.bisection.window), None) or next(
+                iter(searches), None
+            )
             path = self.out / "issues" / f"{n}-{slug(draft.id)}.md"
             path.write_text(issue_body(run, draft, found_one, self.state.settings.torchtitan_repo))
             if found_one is not None and window_of(found_one):
@@ -162,8 +186,12 @@ class Sentinel:
                 continue
             k = key(run, cell)
             passed = rec["status"] == Status.PASSED
-            green = self.current(run, cell) if passed else (cells.get(k) or {}).get("green")
-            cells[k] = {"status": str(rec["status"]), "green": green}
+            before = cells.get(k) or {}
+            green = self.current(run, cell) if passed else before.get("green")
+            reported = [] if passed else list(before.get("reported", []))
+            if any(r is run and c.id == cell.id for r, c, *_ in self.red):
+                reported.append(rec.get("signature"))  # reported tonight: not searched again until it passes
+            cells[k] = {"status": str(rec["status"]), "green": green, "reported": reported}
         state = {"at": datetime.datetime.now().isoformat(timespec="seconds"), "run": str(self.out), "cells": cells}
         (self.folder / STATE).write_text(json.dumps(state, indent=1) + "\n")
 

@@ -21,6 +21,7 @@ from ..machine import cuda_device_ids, installed, source_checkout, vcs_commit
 from ..options import MERGE_BASE, NEWEST
 from ..paths import KNOWN_FAILURES, PACKAGE, cache_root
 from ..spec.cells import named_by
+from ..spec.footprint import file_changes
 from ..spec.matrix import SourceUnavailable
 from ..spec.profiles import MatrixRun, matrix_files, shipped, shipped_path
 from ..spec.upstream import UPSTREAM_AXES
@@ -253,20 +254,49 @@ def base_entries(repo, commit, path) -> tuple | None:
 
 @dataclass(frozen=True)
 class Changed:
-    """--simplefsdp-changed: the files of the torchtitan checkout changed since a commit (spec.paths maps them)."""
+    """--simplefsdp-changed: the checkout's changes since a commit (spec.paths and spec.footprint map them)."""
 
     ref: str
     commit: str
     repo: str
-    files: tuple
+    changes: tuple  # spec.footprint.FileChange, each
+
+    @property
+    def files(self) -> tuple:
+        """Every path a change names: a renamed or deleted file at its old name too."""
+        return tuple(sorted({n for c in self.changes for n in c.names}))
 
     def about(self) -> dict:
         return {"ref": self.ref, "commit": self.commit, "repo": self.repo}
 
 
+def changes_since(repo, commit, until=None) -> tuple:
+    """The checkout's changes since ``commit`` (``git diff -M -U0`` against the working tree and the files git does
+    not track yet; ``until``: against that commit instead), each with what of it changed (spec.footprint)."""
+    text = git(repo, "diff", "-M", "-U0", "--no-color", "--no-ext-diff", commit, *([until] if until else []))
+    untracked = [] if until else git(repo, "ls-files", "--others", "--exclude-standard").splitlines()
+
+    def at(rev):
+        def read(path):
+            try:
+                return git(repo, "show", f"{rev}:{path}", raw=True)
+            except GitError:
+                return None
+
+        return read
+
+    def worktree(path):
+        try:
+            return (Path(repo) / path).read_text()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    return tuple(file_changes(text, at(commit), at(until) if until else worktree, [f for f in untracked if f]))
+
+
 def resolve_changed(s, base) -> Changed | None:
     """--simplefsdp-changed: what changed in the checkout since REF (bare: the PR's base, else the merge base of
-    HEAD with main): ``git diff --name-only`` against the working tree, and files git does not track yet."""
+    HEAD with main): the diff against the working tree, and files git does not track yet."""
     if not s.changed:
         return None
     repo = s.torchtitan_repo
@@ -280,11 +310,10 @@ def resolve_changed(s, base) -> Changed | None:
             ref, commit = (base.ref, base.commit) if base is not None else merge_base(repo)
         else:
             ref, commit = s.changed, short_sha(repo, s.changed)
-        files = git(repo, "diff", "--name-only", commit).splitlines()
-        files += git(repo, "ls-files", "--others", "--exclude-standard").splitlines()
+        changes = changes_since(repo, commit)
     except GitError as e:
         raise pytest.UsageError(f"--simplefsdp-changed={s.changed}: {e}") from None
-    return Changed(ref, commit, str(repo), tuple(sorted(set(filter(None, files)))))
+    return Changed(ref, commit, str(repo), changes)
 
 
 def cell_arguments(config):

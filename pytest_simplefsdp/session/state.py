@@ -60,7 +60,9 @@ class MatrixSession:
         self.changed = setup.resolve_changed(s, self.base)  # --simplefsdp-changed: setup.Changed
         self.selections = {}  # run name -> {ref, commit, files: {path: what it reaches}, selected, left_out}
         self.envs = Environments(self.cache_dir / "envs", s.fresh, s.torchtitan_repo)  # one per version set
-        self.runner = CellRunner(s, self.launcher, self.run_dir, self.max_ranks, self.envs)
+        self.runner = CellRunner(
+            s, self.launcher, self.run_dir, self.max_ranks, self.envs, self.cache_dir if s.footprint else None
+        )
         self.chosen = {} if files else setup.cell_arguments(config)  # path -> cell ids named on the command line
         self.runs = setup.load_runs(config, s, files or list(self.chosen) or None, self.cache_dir)
         setup.check_named(self.chosen, self.runs)

@@ -17,12 +17,13 @@ class GitError(ValueError):
     """A ref that names no commit of the checkout, or no checkout; the message says which."""
 
 
-def git(repo, *args) -> str:
+def git(repo, *args, raw=False) -> str:
+    """git's output, stripped (``raw``: as it came, e.g. a file's text, whose line numbers count)."""
     proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         raise GitError(f"git {' '.join(args)} in {repo}: {lines[-1] if lines else 'failed'}")
-    return proc.stdout.strip()
+    return proc.stdout if raw else proc.stdout.strip()
 
 
 def short_sha(repo, ref) -> str:
