@@ -543,10 +543,12 @@ OPTIONS = [
         "string",
         None,
         "run only the cells the torchtitan checkout's changes since REF can reach "
-        "(git diff REF, the working tree's edits and new files included), by the "
+        "(git diff REF, the working tree's edits and new files included): by what "
+        "each cell ran where footprints are kept (--simplefsdp-footprint), else by the "
         "target's map of torchtitan paths (matrix/paths/<target>.yaml; a path it does "
         "not map reaches every cell); bare: the --simplefsdp-base commit, else the "
-        "merge base of HEAD with main. The run says which cells it left out and why",
+        "merge base of HEAD with main. The run says which cells it left out and why, "
+        "and which changes no cell here gates",
         const=MERGE_BASE,
         metavar="REF",
     ),
@@ -578,11 +580,11 @@ OPTIONS = [
         "sentinel",
         "string",
         None,
-        "the nightly sentinel, unattended: FOLDER keeps the last nightly's outcomes; "
-        "each cell that passed then and fails now as new is confirmed, bisected over "
-        "the torchtitan commits (of --simplefsdp-torchtitan-repo) or torch releases "
-        "since it last passed, and one issue body and one known-failures draft per "
-        "bug are written into FOLDER/<time>/",
+        "the nightly sentinel, unattended: FOLDER keeps the nightlies' outcomes; each "
+        "cell that fails now as new and passed on some earlier night is confirmed, "
+        "bisected over the torchtitan commits (of --simplefsdp-torchtitan-repo), then "
+        "the torch releases, since it last passed, and one issue body and one "
+        "known-failures draft per bug are written into FOLDER/<time>/",
         output_dir,
         metavar="FOLDER",
     ),

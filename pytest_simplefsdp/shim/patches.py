@@ -66,14 +66,18 @@ def cpu_sdpa_saved():
     def patch(module):
         import torch
 
-        original = module._get_default_save_ops
+        # its name: _get_default_save_ops, _get_save_ops on main before summer 2026 (none: nothing to patch)
+        name = next((n for n in ("_get_default_save_ops", "_get_save_ops") if hasattr(module, n)), None)
+        if name is None:
+            return
+        original = getattr(module, name)
 
         def save_ops():
             ops = original()
             ops.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
             return ops
 
-        module._get_default_save_ops = save_ops
+        setattr(module, name, save_ops)
 
 
 def fsdp2_sum_reduction():

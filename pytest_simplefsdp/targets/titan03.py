@@ -152,7 +152,7 @@ class Titan03(TorchtitanTarget):
         flags = self.run_flags(s.get("steps", 3), s.get("local_batch_size", 2))
         flags.append(Flag("dump_folder", dump_folder, "target"))
         if self.matrix.device == "cpu":
-            flags.append(Flag("training.disable_cuda_graphs", True, "target"))
+            flags.append(Flag("training.disable_cuda_graphs", True, "target", where_present=True))
         flags += self.trace_flags()
         flags += [
             Flag(key, value, f"upstream {test.name} run {run + 1}")
@@ -181,7 +181,7 @@ class Titan03(TorchtitanTarget):
             # default is one microbatch, which no two-stage schedule takes), and converts this to as many as 0.3.0 ran
             flags.append(Flag(MICROBATCH, 1, "target (torchtitan 0.3.0's default microbatch size)"))
         if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
-            flags.append(Flag("training.disable_cuda_graphs", True, "target"))
+            flags.append(Flag("training.disable_cuda_graphs", True, "target", where_present=True))
         local_batch = s.get("local_batch_size", 2)
         if self.matrix.numerics:  # comparable runs: one global batch, one seed checkpoint
             gbs = self.matrix.numerics.global_batch_size
@@ -223,7 +223,7 @@ class Titan03(TorchtitanTarget):
         module, config = self.job_config({"model": model})
         flags = [
             Flag("compile.mode", "None", "target"),
-            Flag("training.disable_cuda_graphs", True, "target"),
+            Flag("training.disable_cuda_graphs", True, "target", where_present=True),
             Flag("checkpoint.enable", True, "target"),
             Flag("checkpoint.create_seed_checkpoint", True, "target"),
             Flag("debug.seed", self.matrix.settings.get("seed", 42), "setting seed"),
