@@ -100,7 +100,9 @@ def test_the_shipped_maps_load_and_a_bad_rule_names_its_line(tmp_path):
     rules = load_rules(map_file("titan03"), Titan03.AXES)
     changes = [FileChange(p, p, True) for p in ("torchtitan/experiments/graph_trainer/graph_pp/runner.py", "docs/x.md")]
     chosen = select(rules, changes)
-    assert chosen.reaches("a", {"model": "llama3", "pp": 2}) and not chosen.reaches("b", {"model": "llama3", "pp": 1})
+    assert chosen.reaches("a", {"model": "llama3", "pp": 2}) and chosen.reaches("b", {"model": "llama3", "pp": 1})
+    model = select(rules, [FileChange(p, p, True) for p in ("torchtitan/models/llama3/model.py",)])
+    assert model.reaches("a", {"model": "llama3"}) and not model.reaches("b", {"model": "deepseek_v3"})
     bad = tmp_path / "map.yaml"
     bad.write_text(
         "rules:\n  - {path: 'a/*', reaches: none, why: fine}\n  - {path: 'b/*', reaches: {pipeline: 2}, why: typo}\n"
@@ -226,9 +228,11 @@ def test_the_footprint_against_the_map():
     from pytest_simplefsdp.targets.titan03 import Titan03
 
     rules = load_rules(map_file("titan03"), Titan03.AXES)
-    fp = Footprint(frozenset({"torchtitan/experiments/graph_trainer/graph_pp/runner.py", "tests/assets/c4_test/x"}))
+    fp = Footprint(frozenset({"torchtitan/models/deepseek_v3/model.py", "tests/assets/c4_test/x", "docs/a.md"}))
     found = contradictions(rules, {"llama3-dp2-eager": fp}, {"llama3-dp2-eager": {"model": "llama3", "pp": 1}})
+    at = {r.path: r.where for r in rules}
     assert found == [
-        "llama3-dp2-eager ran torchtitan/experiments/graph_trainer/graph_pp/runner.py, which "
-        f"{map_file('titan03')}:37 maps to pp=2|4|8 cells (graph_trainer's PP)"
+        f"llama3-dp2-eager ran docs/a.md, which {at['*.md']} maps to no cell (documentation)",
+        "llama3-dp2-eager ran torchtitan/models/deepseek_v3/model.py, which "
+        f"{at['torchtitan/models/deepseek_v3/*']} maps to model=deepseek_v3 cells (the deepseek_v3 model)",
     ]

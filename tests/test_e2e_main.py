@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from pytest_simplefsdp.machine import source_checkout
+from pytest_simplefsdp.spec.paths import contradictions, load_rules, map_file
+from pytest_simplefsdp.store import footprints
+from pytest_simplefsdp.targets.titan03 import Titan03
 from pytest_simplefsdp.yamlio import load_yaml, plain
 
 from helpers import GIT, PLANT_EP, PLANT_EP_OTHER, PLANT_EPS, PLANT_TRACE, cells_of, plant, plant_in_history
@@ -49,8 +52,18 @@ def run_smoke(pytester, *args, timeout=1500):
 
 
 def test_the_smoke_cells_pass_on_torchtitan_main(pytester):
-    result, out = run_smoke(pytester)
+    """...and keep their footprints (what they ran of main), which agree with the hand-written path map: a file a
+    cell ran is never one the map says cannot reach it (a map rule that is wrong fails here, on real main)."""
+    result, out = run_smoke(pytester, "--simplefsdp-footprint")
     result.assert_outcomes(passed=3)
+    commit = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    prints = footprints.load(pytester.path / ".simplefsdp", commit.stdout.strip(), "cpu")
+    assert set(prints) >= set(cells_of(out)), sorted(prints)
+    rules = load_rules(map_file("titan03"), Titan03.AXES)
+    axes = {cid: rec["axes"] for cid, rec in cells_of(out).items()}
+    assert contradictions(rules, {c: prints[c] for c in axes}, axes) == []
+    trainer = prints["llama3-dp2-eager"].functions["torchtitan/trainer.py"]
+    assert "Trainer.train_step" in trainer and "Trainer.forward_backward_step" in trainer
     cells = cells_of(out)
     for cell in cells.values():
         command = (Path(cell["log_dir"]) / "command.txt").read_text()

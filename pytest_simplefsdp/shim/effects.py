@@ -103,12 +103,14 @@ def data_parallel(trainer) -> str:
 
 
 def spmd_backend() -> str:
-    """The SPMD backend the run set up ("none" where this torchtitan has none to choose)."""
+    """The SPMD backend the run set up, by 0.3's names: main before PR 3466 (2026-06-06) has no choice, and runs the
+    one path 0.3 names partial_dtensor; PR 3466 named that path "default"."""
     try:
         from torchtitan.distributed.utils import get_spmd_backend
     except ImportError:
-        return "none"
-    return str(get_spmd_backend())
+        return "partial_dtensor"
+    backend = str(get_spmd_backend())
+    return "partial_dtensor" if backend == "default" else backend
 
 
 def at_first_step(trainer, params, traced: bool):

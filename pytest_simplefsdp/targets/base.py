@@ -22,7 +22,7 @@ from ..spec.paths import load_rules, map_file
 from ..spec.upstream import options, tokens
 from ..versions.sets import INSTALLED
 from ..words import release
-from .flags import Flag, OptionError, read_options, unchecked
+from .flags import Flag, OptionError, read_options, spelled_value, unchecked
 
 FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
 
@@ -315,6 +315,7 @@ class TorchtitanTarget(Target):
     # axes whose values are the choices of one torchtitan option, where the installed torchtitan offers it (found in
     # its job config, never by version): a value it does not offer makes the cell n/a, not the run an error
     OFFERED_BY = {}
+    IMPLICIT: dict = {}  # axis -> the value a torchtitan without the OFFERED_BY option runs (its only one)
 
     def not_offered(self, cell) -> str | None:
         """Why the torchtitan a cell runs on does not offer the cell's value of an ``OFFERED_BY`` axis, else None."""
@@ -323,10 +324,12 @@ class TorchtitanTarget(Target):
             if axis not in cell.axes or options is None:
                 continue
             value, origin = str(cell.axes[axis]), options.origin
+            if option not in options.names and value == self.IMPLICIT.get(axis):
+                continue  # a torchtitan before the choice runs this value, the one it has
             if option not in options.names:
                 return f"{origin} has no --{option}: it offers no choice of {axis}"
             choices = options.names[option]
-            if choices is not None and value not in choices:
+            if choices is not None and str(spelled_value(option, value, choices)) not in choices:
                 return f"{origin} offers {axis} {', '.join(c for c in choices if c != 'None')}; not {value}"
         return None
 

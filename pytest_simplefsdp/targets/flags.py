@@ -53,7 +53,24 @@ class Rename:
     why: str
 
 
+# a value torchtitan spelled otherwise before the release a target writes: (option, value) -> (old value, why);
+# used where the installed torchtitan's choices lack the value and have the old one
+OLD_VALUES = {
+    ("parallelism.spmd_backend", "partial_dtensor"): (
+        "default",
+        "torchtitan PR 3466 (2026-06-06) named the existing parallelism path 'default'",
+    ),
+}
+
 MICROBATCH = "parallelism.pipeline_parallel_microbatch_size"
+
+
+def spelled_value(name, value, choices):
+    """The value as a torchtitan with these choices takes it: its old spelling where only that is offered."""
+    old = OLD_VALUES.get((name, str(value)))
+    if choices is not ANY and str(value) not in choices and old and old[0] in choices:
+        return old[0]
+    return value
 
 
 def _tokens(value, flags):
@@ -170,6 +187,7 @@ class Options:
             if name not in self.names:
                 raise OptionError(flag, f"needs --{flag.name}, which {self.origin} does not have")
             choices = self.names[name]
+            value = spelled_value(name, value, choices)
             if choices is not ANY and value is not True and str(value) not in choices and self.strict:
                 raise OptionError(flag, f"--{name} {value}: {self.origin} accepts {', '.join(choices)}")
             argv += _argv(name, value)

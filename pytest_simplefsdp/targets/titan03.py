@@ -70,6 +70,7 @@ class Titan03(TorchtitanTarget):
         "upstream": FILE_DEFINED,  # source: upstream: the name of the upstream test a cell runs
     }
     OFFERED_BY = {"spmd_backend": "parallelism.spmd_backend"}
+    IMPLICIT = {"spmd_backend": "partial_dtensor"}  # main before PR 3466 (2026-06-06): the one path, no option
     MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
     MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config")
     TRAINER_CLASS = {"simplefsdp": "GraphTrainer", "fsdp2": "Trainer"}
@@ -176,7 +177,9 @@ class Titan03(TorchtitanTarget):
             return self.upstream_flags(cell, dump_folder, run)
         flags = [*self.degree_flags(a), *self.compile_flags(a)]
         if "spmd_backend" in a:
-            flags.append(Flag("parallelism.spmd_backend", a["spmd_backend"], f"axis spmd_backend={a['spmd_backend']}"))
+            value = a["spmd_backend"]
+            implicit = value == self.IMPLICIT["spmd_backend"]  # (left out where torchtitan has no such choice)
+            flags.append(Flag("parallelism.spmd_backend", value, f"axis spmd_backend={value}", where_present=implicit))
         if a.get("pp", 1) > 1:  # 0.3.0's default, written out: main counts microbatches instead (PR 4121: its
             # default is one microbatch, which no two-stage schedule takes), and converts this to as many as 0.3.0 ran
             flags.append(Flag(MICROBATCH, 1, "target (torchtitan 0.3.0's default microbatch size)"))
