@@ -495,14 +495,28 @@ def test_the_spmd_backend_axis_offers_what_the_installed_torchtitan_offers(tmp_p
     assert "--parallelism.spmd_backend spmd_types" in " ".join(argv_of(target, spmd, tmp_path))
     plan = {e.axis: (e.key, e.value) for e in target.evidence_plan(spmd)}
     assert plan["spmd_backend=spmd_types"] == ("effects.spmd_backend", "spmd_types")
-    before = spmd_module(tmp_path, "titan_no_spmd", "")  # no such option: no choice to make, every value n/a
+    # no such option (main before PR 3466): no choice to make; the one path it runs (partial_dtensor) runs, without
+    # the flag, the other values are n/a
+    before = spmd_module(tmp_path, "titan_no_spmd", "")
     target = make_target(load_matrix(before), tmp_path)
     cells, _ = expand(target.matrix)
     why = target.bind(cells)
-    assert len(why) == 3 and set(why.values()) == {
+    assert len(why) == 2 and set(why.values()) == {
         "torchtitan 0.3.0 (titan_no_spmd.debugmodel) has no --parallelism.spmd_backend: it offers no choice of "
         "spmd_backend"
     }
+    (implicit,) = [c for c in cells if c.id not in why]
+    assert implicit.axes["spmd_backend"] == "partial_dtensor"
+    assert "--parallelism.spmd_backend" not in " ".join(argv_of(target, implicit, tmp_path))
+    # PR 3466 named that path "default": a torchtitan offering default, full_dtensor and spmd_types spells it so
+    june = spmd_module(
+        tmp_path, "titan_june", '    spmd_backend: Literal["default", "full_dtensor", "spmd_types"] = "default"\n'
+    )
+    target = make_target(load_matrix(june), tmp_path)
+    cells, _ = expand(target.matrix)
+    assert target.bind(cells) == {}
+    partial = next(c for c in cells if c.axes["spmd_backend"] == "partial_dtensor")
+    assert "--parallelism.spmd_backend default" in " ".join(argv_of(target, partial, tmp_path))
 
 
 def test_cells_not_offered_are_listed_as_n_a_with_their_reason(pytester, tmp_path, monkeypatch):

@@ -13,11 +13,14 @@ The roots: the folder holding the imported ``torchtitan`` package (its ``torchti
 site-packages folder) and the checkout the launch names. A fork server starts this before its imports; its ranks
 inherit what it saw and write their own file (``AT_EXIT``)."""
 
+import atexit
 import importlib.util
 import json
 import os
 import sys
 import threading
+
+from .hooks import after_import
 
 SKIP = ("site-packages", "dist-packages", "__pycache__")  # never the checkout's own code
 META = (".egg-info", ".dist-info")  # an install's metadata, read by importlib.metadata
@@ -110,14 +113,10 @@ def start(checkout):
         _roots.append((os.path.abspath(checkout) + os.sep, ""))
     if not _roots:
         return
-    import atexit
-
     atexit.register(record)
     sys.settrace(_trace)
     threading.settrace(_trace)
     sys.addaudithook(_audit)
-    from .hooks import after_import
-
     after_import("torch._guards", "footprint:traced_code")(_hook_dynamo)
 
 
