@@ -164,9 +164,12 @@ class CellRunner:
         commit they ran; none where a rank left no record (it died first) or the commit is not known."""
         if self.footprints is None or cell.mutant or run.matrix.tier != Tier.REAL:
             return
-        pinned = dict(vset.pins).get("torchtitan", "")
-        commit = pinned[1:] if pinned.startswith("@") else (installed_commit() or ("",))[0]
-        if self.checkout and commit:
+        pinned = dict(vset.pins).get("torchtitan", "")  # "@<sha>", a release, or none (the installed one)
+        if pinned and not pinned.startswith("@"):
+            commit = f"torchtitan-{pinned}"
+        else:
+            commit = pinned[1:] if pinned else (installed_commit() or ("",))[0]
+        if self.checkout and commit and not commit.startswith("torchtitan-"):
             try:
                 commit = find_commit(self.checkout, commit)
             except GitError:
