@@ -32,6 +32,7 @@ API_MISMATCH = re.compile(
     r"argument|Unrecognized (option|arguments)"
 )
 DEFAULT_MINORS = 8  # the default list: the index's releases of the last 8 minor versions
+MAX_SECOND = 2  # second regressions searched per bisection: each is a search of its own, probes cost minutes
 
 
 class BisectError(ValueError):
@@ -156,13 +157,16 @@ class Bisector:
     def second_searches(self, item, versions, wanted) -> list[Found]:
         """A window can hold more than one regression: a probe that failed with another signature is a bug of its
         own, searched for in turn between the list's start and the newest version that failed with it (the probes
-        run so far reused, judged against that signature), and reported apart."""
+        run so far reused, judged against that signature), and reported apart; at most MAX_SECOND, and not a
+        numerics failure met while bisecting one (another parameter's drift is the same change seen elsewhere)."""
         out, searched = [], {wanted}
         queue = [item]
-        while queue:
+        while queue and len(out) < MAX_SECOND:
             probes = queue.pop(0).bisection.probes
             for other in [p for p in probes if p.outcome == OTHER and p.signature not in searched]:
                 searched.add(other.signature)
+                if kind_of(other.signature) == kind_of(wanted) == "numerics" or len(out) >= MAX_SECOND:
+                    continue  # (another parameter drifting is the same numerics change seen elsewhere)
                 newest = max(versions.index(p.version) for p in probes if p.signature == other.signature)
                 known = {p.version: against(p, other.signature, wanted) for p in probes}
                 run, cell = item.run, item.cell
@@ -241,6 +245,11 @@ def against(probe, signature, before):
         return probe
     outcome = FAILS if probe.signature == signature else OTHER
     return dataclasses.replace(probe, outcome=outcome, runs=[outcome] * len(probe.runs))
+
+
+def kind_of(signature) -> str:
+    """What a signature is of: its text before the first colon ("numerics", an exception's type, a signal)."""
+    return signature.split(":", 1)[0].strip()
 
 
 def slug_of(signature) -> str:
