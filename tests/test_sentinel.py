@@ -36,10 +36,10 @@ def says(repo, broken, message):
     return commit_all(repo, message)
 
 
-def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unattended(run_matrix, pytester, main_repo):
-    repo = main_repo
-    good = says(repo, "", "main, green")
-    text = fake_matrix(modes=["pass", "regress", "always"], args=', "--torchtitan-says"')
+def nightlies(run_matrix, pytester, repo, modes):
+    """(nightly(commit), its folder): the sentinel's run of a fake matrix of ``modes`` on one torchtitan commit of the
+    checkout, whose broken.txt says which modes fail."""
+    text = fake_matrix(modes=modes, args=', "--torchtitan-says"')
     text = text.replace("target:\n", f'target:\n  env: {{FAKE_TORCHTITAN_SAYS: "{pytester.path / "none.txt"}"}}\n')
     folder = pytester.path / "nightly"
 
@@ -51,6 +51,14 @@ def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unatte
             f"--simplefsdp-torchtitan-repo={repo}",
             "--simplefsdp-confirm=2",
         )
+
+    return nightly, folder
+
+
+def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unattended(run_matrix, pytester, main_repo):
+    repo = main_repo
+    good = says(repo, "", "main, green")
+    nightly, folder = nightlies(run_matrix, pytester, repo, ["pass", "regress", "always"])
 
     first = nightly(good)
     first.assert_outcomes(passed=3)
@@ -100,18 +108,7 @@ def test_a_cell_flaky_last_night_is_bisected_and_two_regressions_in_one_window_a
     written, each at its own commit."""
     repo = main_repo
     good = says(repo, "", "main, green")
-    text = fake_matrix(modes=["pass", "regress"], args=', "--torchtitan-says"')
-    text = text.replace("target:\n", f'target:\n  env: {{FAKE_TORCHTITAN_SAYS: "{pytester.path / "none.txt"}"}}\n')
-    folder = pytester.path / "nightly"
-
-    def nightly(commit):
-        return run_matrix(
-            text,
-            f"--simplefsdp-sentinel={folder}",
-            f"--simplefsdp-versions=torchtitan@{commit}",
-            f"--simplefsdp-torchtitan-repo={repo}",
-            "--simplefsdp-confirm=2",
-        )
+    nightly, folder = nightlies(run_matrix, pytester, repo, ["pass", "regress"])
 
     nightly(good).assert_outcomes(passed=2)
     shaky = says(repo, "regress flaky\n", "a flake")

@@ -261,11 +261,6 @@ class Changed:
     repo: str
     changes: tuple  # spec.footprint.FileChange, each
 
-    @property
-    def files(self) -> tuple:
-        """Every path a change names: a renamed or deleted file at its old name too."""
-        return tuple(sorted({n for c in self.changes for n in c.names}))
-
     def about(self) -> dict:
         return {"ref": self.ref, "commit": self.commit, "repo": self.repo}
 

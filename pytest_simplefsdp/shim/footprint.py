@@ -47,14 +47,18 @@ def _rel(path):
     return None
 
 
-def _trace(frame, event, arg):
-    code = frame.f_code
+def _keep(code):
+    """Keep ``code`` where its file is under a root (each file placed once)."""
     name = code.co_filename
     rel = _files.get(name, 0)
     if rel == 0:
         rel = _files[name] = _rel(name) if name.endswith(".py") else None
     if rel is not None:
         _code[id(code)] = code
+
+
+def _trace(frame, event, arg):
+    _keep(frame.f_code)
     return None  # no line events: a new frame's call is all it costs
 
 
@@ -80,14 +84,8 @@ class _Traced(list):
     inlined) is also one that ran, for the footprint."""
 
     def append(self, code):
-        _trace_code(code)
+        _keep(code)
         super().append(code)
-
-
-def _trace_code(code):
-    name = code.co_filename
-    if name.endswith(".py") and _files.setdefault(name, _rel(name)) is not None:
-        _code[id(code)] = code
 
 
 def _hook_dynamo(guards):

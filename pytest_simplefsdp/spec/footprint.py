@@ -67,8 +67,10 @@ def of_ranks(folder: Path, world: int, named=()) -> Footprint | None:
     docs = {}
     for path in Path(folder).glob("footprint.rank*.json"):
         m = RANK_FILE.match(path.name)
+        if not m:
+            continue
         try:
-            docs[int(m[1])] = json.loads(path.read_text()) if m else None
+            docs[int(m[1])] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
     if not docs or set(range(world)) - set(docs):
