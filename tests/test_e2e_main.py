@@ -292,10 +292,12 @@ def test_a_bisection_in_the_checkout_probes_each_commit(tmp_path, ep_pr):
         "--simplefsdp-bisect=torchtitan",
         f"--simplefsdp-bisect-versions={start}..{pr}",
     )
-    (found,) = json.loads(out.read_text())["bisections"]
+    found, second = json.loads(out.read_text())["bisections"]
     outcomes = {p["version"]: p["outcome"] for p in found["probes"]}
     assert found["window"] == [f"@{start}", f"@{pr}"], found  # (the base fails otherwise: skipped, as git bisect skip)
     assert outcomes == {f"@{start}": "passes", f"@{base}": "other", f"@{pr}": "fails"}, outcomes
+    # the base's own error met on the way is a regression of its own, searched for by its signature (issue 59)
+    assert second["second_regression"].startswith(REFUSED) and second["window"] == [f"@{start}", f"@{base}"], second
 
 
 # --- issue 46: all of the matrix on main: upstream's suite, the GPU profiles' trace tier, entries scoped by commit,

@@ -21,6 +21,8 @@ from pytest_simplefsdp.targets import base as targets
 from pytest_simplefsdp.targets import make_target
 from pytest_simplefsdp.targets.flags import Flag, OptionError, Options
 
+from helpers import cells_of
+
 FAKE_CONFIGS = """
 from dataclasses import dataclass, field
 from typing import Literal
@@ -324,6 +326,55 @@ def test_what_the_installed_torchtitan_lacks_is_said_once_before_any_cell(fake_t
     assert "target: needs --dataloader.dataset_path, which torchtitan" in msg
     assert f"({len(cells) + 1} of {len(cells) + 1}: " in msg and "seed checkpoint of llama3" in msg
     assert "target titan03 was tested with torchtitan 0.3.0 and main up to b5bcd76c6 (2026-08-21)" in msg
+
+
+def test_a_cell_asking_for_an_option_this_torchtitan_lacks_fails_as_invalid_config_unlaunched(
+    pytester, tmp_path, monkeypatch
+):
+    """A torchtitan before ``--compile.inductor_compilation`` (main of March 2026): its eager cell runs as listed, the
+    aot_fx_trace cell, which asks for that option, fails as invalid_config naming the option and the axis that asked
+    for it, without a launch; the run goes on (before: one error stopped the whole run before any cell)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (pytester.path / "titan_march.py").write_text(FAKE_CONFIGS.format(batch=OLD_BATCH, inductor=""))
+    path = pytester.path / "titan_march.yaml"
+    path.write_text(
+        MATRIX.format(module="titan_march", compile="eager, aot_fx_trace", backend="aot_eager")
+        .split("numerics:")[0]
+        .replace("device: cuda", "device: cpu")  # (a cell that is not launched needs no device)
+    )
+    target = make_target(load_matrix(path), pytester.path)
+    cells, _ = expand(target.matrix)
+    assert target.bind(cells) == {}  # no stop: the eager cell can run
+    commands = {c.axes["compile"]: target.command(c, dump_folder=tmp_path / "dump") for c in cells}
+    assert commands["eager"].lacking == ()
+    (error,) = commands["aot_fx_trace"].lacking
+    assert (error.flag.name, error.flag.source) == ("compile.inductor_compilation", "axis backend=aot_eager")
+    dry = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix", f"--simplefsdp-matrix-file={path}", "--simplefsdp-dry-run", "-p", "no:cacheprovider"
+    )
+    assert dry.ret == 0, dry.stdout.str()[-3000:]
+    dry.stdout.fnmatch_lines(
+        ["*-aot_fx_trace-*", "  invalid_config, not launched: needs --compile.inductor_compilation, which torchtitan*"]
+    )
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        f"--simplefsdp-matrix-file={path}",
+        "-k",
+        "aot_fx_trace",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.assert_outcomes(failed=1, deselected=1)
+    (cell,) = cells_of(out).values()
+    assert cell["failure_class"] == "invalid_config", cell
+    assert cell["error_line"] == (
+        "this torchtitan has no --compile.inductor_compilation (axis backend=aot_eager): not launched"
+    )
+    assert not list((pytester.path / "runs").rglob("rank*.log"))  # nothing was launched
 
 
 def test_the_rank_shim_sets_the_dataset_on_whichever_config_torchtitan_loads(monkeypatch, tmp_path):

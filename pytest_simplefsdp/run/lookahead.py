@@ -116,6 +116,8 @@ def _job(state, tr, run, cell, verbose, note=""):
         f"{run.name}::{cell.id}  [{ranks(run, cell, spec.device)}, timeout {spec.timeout:.0f} s]"
         + (f"  {note}" if note else "")
     )
+    for error in spec.command.lacking:  # (runner.not_launched: it fails as invalid_config without a launch)
+        tr.write_line(f"  invalid_config, not launched: {error} ({error.flag.source})")
     if verbose:
         _command(state, tr, run, cell)
 

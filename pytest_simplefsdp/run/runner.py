@@ -123,6 +123,10 @@ class CellRunner:
             return CellResult.infra(cell, problem, not_run=True)
         self.prepare(run)
         spec = self.spec_for(run, cell, seed=seed)
+        if spec.command.lacking:  # the torchtitan it runs on has no such option: its parser would refuse the cell
+            result = not_launched(cell, spec)
+            result.versions = self.sets.ran_on(run, vset)
+            return result
         if devices is not None:
             spec.command.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         launcher = self.launcher_for(run)
@@ -331,3 +335,18 @@ class CellRunner:
         if (folder / "checkpoint" / "step-0").is_dir():
             return None
         return build_result(Cell(spec.cell_id, {}, 1), outcome, folder)
+
+
+def not_launched(cell, spec) -> CellResult:
+    """A cell asking for options its torchtitan does not have: invalid_config naming them and what asked for each,
+    not launched. Its line (the signature's text) names no version: every commit before the option says the same, as
+    a bisection needs; the details name the torchtitan."""
+    errors = spec.command.lacking
+    line = "; ".join(f"this torchtitan has no --{e.flag.name} ({e.flag.source})" for e in errors) + ": not launched"
+    result = CellResult(cell.id, dict(cell.axes), world=cell.world, mutant=getattr(cell, "mutant", None))
+    result.fail(FailureClass.INVALID_CONFIG, line)
+    result.details.extend(map(str, errors))
+    spec.log_dir.mkdir(parents=True, exist_ok=True)
+    (spec.log_dir / "not_launched.txt").write_text("\n".join([line, *result.details]) + "\n")
+    result.log_dir, result.reproducer = str(spec.log_dir), " ".join(map(str, spec.command.argv))
+    return result

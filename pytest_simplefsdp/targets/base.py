@@ -335,9 +335,11 @@ class TorchtitanTarget(Target):
 
     def bind(self, cells) -> dict:
         """Read the installed torchtitan's options for every job config the cells use, and spell every cell's (and
-        seed checkpoint's) flags once: what the installed torchtitan cannot express stops the run here, in one
-        message naming every missing option, the cells that need it and what the target was tested with. Returns
-        the cells it does not offer (``OFFERED_BY``): cell id -> why."""
+        seed checkpoint's) flags once. An option some cells ask for and this torchtitan does not have fails those
+        cells as invalid_config, named (their commands carry it: ``RankCommand.lacking``); where it leaves nothing
+        to run (every cell, or a seed checkpoint, lacks one: the options moved) the run stops here, in one message
+        naming every missing option, the cells that need it and what the target was tested with. Returns the cells
+        it does not offer (``OFFERED_BY``): cell id -> why."""
         version = installed("torchtitan")
         env = shim_env(self.matrix.device, self.name)
         keys = sorted(self.job_configs(cells), key=str)
@@ -355,12 +357,19 @@ class TorchtitanTarget(Target):
                 (f"seed checkpoint of {m}", lambda m=m: self.seed_command(m, Path("seed")))
                 for m in sorted({c.axes["model"] for c in cells})
             ]
+        lacking, stop = set(), False  # the jobs that lack an option; whether one cannot be spelled at all
         for name, spell in jobs:
             try:
-                spell()
-            except OptionError as e:
+                errors = spell().lacking
+            except OptionError as e:  # a value the installed torchtitan refuses: no command to run
+                errors, stop = (e,), True
+            for e in errors:
                 missing.setdefault((e.flag.name, e.flag.source), [str(e), []])[1].append(name)
-        if missing:
+                lacking.add(name)
+        # (a version set's cell lacking an option is that commit's outcome, never a reason to stop)
+        seeds = {name for name, _ in jobs if name.startswith("seed checkpoint of ")}
+        here = {c.id for c in cells if c.id not in offered and c.axes.get("versions", INSTALLED) == INSTALLED}
+        if stop or lacking & seeds or (here and lacking >= here):
             lines = [
                 f"  {source}: {error} ({len(names)} of {len(jobs)}: {', '.join(names[:3])}"
                 f"{', ...' if len(names) > 3 else ''})"

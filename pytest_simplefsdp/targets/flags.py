@@ -5,8 +5,10 @@ says where it comes from (an axis value or a setting). What the installed torcht
 from its own job config: the dataclass that the ``--module/--config`` function returns (0.3), or
 ``JobConfig`` (0.2), walked field by field in a subprocess of the ranks' Python (shim/options.py). A flag the installed
 torchtitan lacks is renamed where a known rename exists (torchtitan PR 4121 counts batches in tokens:
-``training.seq_len`` became ``training.max_context_length``, ...), and is otherwise an error that names
-the axis or setting, its value and the option.
+``training.seq_len`` became ``training.max_context_length``, ...); otherwise the cell cannot run on that torchtitan:
+its command carries the option it lacks and the axis or setting that asked for it (``RankCommand.lacking``), and
+the cell fails as ``invalid_config`` naming them, without a launch (a commit before the option, or a PR that
+removed it); where nothing of the run can be spelled, the run stops before any cell (``Target.bind``).
 
 The table is read by ``python -m pytest_simplefsdp.shim.options [--module M --config C]`` in the ranks' Python
 (it prints the option table of the installed torchtitan as JSON), and cached by what it depends on.
@@ -145,6 +147,7 @@ class Spelled:
 
     argv: list
     python: dict
+    lacking: tuple = ()  # OptionError per option this torchtitan does not have (the flag goes as written)
 
     def env(self) -> dict:
         return {SET_ENV: json.dumps(self.python, sort_keys=True)} if self.python else {}
@@ -156,8 +159,8 @@ class Options:
 
     names: dict
     origin: str  # e.g. "torchtitan 0.3.0 (titan03_configs.llama3_debugmodel_cpu)"
-    # False for a version set's torchtitan: a flag it has no spelling of goes as written, and torchtitan's own
-    # refusal is the cell's outcome on that version (a behaviour a bisection can find), not a collection error
+    # False for a version set's torchtitan: a value outside an option's choices goes as written, and torchtitan's
+    # own refusal is the cell's outcome on that version (a behaviour a bisection can find), not a collection error
     strict: bool = True
     # what the config module sets in Python where this torchtitan has no CLI option (shim.options.table)
     python: frozenset = frozenset()
@@ -167,10 +170,11 @@ class Options:
         return cls(table["cli"], origin, python=frozenset(table.get("python", ())))
 
     def spell(self, flags: list[Flag]) -> Spelled:
-        """argv (and Python-set values) for the flags; raises OptionError for one this torchtitan has no spelling
-        of."""
+        """argv (and Python-set values) for the flags. An option this torchtitan does not have goes as written and is
+        named in ``lacking`` (whichever torchtitan: a version set's commit before the option says the same); a value
+        outside the option's choices raises OptionError where the table is the installed one's."""
         by_name = {f.name: f for f in flags}
-        argv, python = [], {}
+        argv, python, lacking = [], {}, []
         for flag in flags:
             name, value = flag.name, flag.value
             if name not in self.names and name in RENAMES and RENAMES[name].new in self.names:
@@ -181,17 +185,16 @@ class Options:
                 continue
             if name not in self.names and flag.where_present:
                 continue  # (main of spring 2026 has no CUDA graphs to disable)
-            if name not in self.names and not self.strict:
+            if name not in self.names:
+                lacking.append(OptionError(flag, f"needs --{flag.name}, which {self.origin} does not have"))
                 argv += _argv(name, value)
                 continue
-            if name not in self.names:
-                raise OptionError(flag, f"needs --{flag.name}, which {self.origin} does not have")
             choices = self.names[name]
             value = spelled_value(name, value, choices)
             if choices is not ANY and value is not True and str(value) not in choices and self.strict:
                 raise OptionError(flag, f"--{name} {value}: {self.origin} accepts {', '.join(choices)}")
             argv += _argv(name, value)
-        return Spelled(argv, python)
+        return Spelled(argv, python, tuple(lacking))
 
 
 def unchecked(flags: list[Flag]) -> Spelled:

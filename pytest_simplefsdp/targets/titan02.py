@@ -124,17 +124,20 @@ class Titan02(TorchtitanTarget):
         return merged(flags + self.trace_flags() + ours + self.feature_flags(a, run))
 
     def command(self, cell, dump_folder: Path, run=0, **_):
-        args = [
-            *self.spell(cell.axes, self.flags(cell, dump_folder, run=run)).argv,
-            *map(str, self.matrix.settings.get("extra_args", [])),
-        ]
+        spelled = self.spell(cell.axes, self.flags(cell, dump_folder, run=run))
+        args = [*spelled.argv, *map(str, self.matrix.settings.get("extra_args", []))]
         env = {**shim_env(self.matrix.device, self.name), **self.trace_env(cell)}
         if cell.axes.get("compile") == "compiled":
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         test = self.upstream_test(cell.axes)
         name = options(test.flags).get("model.name") if test else self.matrix.models[cell.axes["model"]]["name"]
         return self.rank_command(
-            "torchtitan.train", args, env, preload=[f"torchtitan.experiments.{name}"], unforkable=self.UNFORKABLE
+            "torchtitan.train",
+            args,
+            env,
+            preload=[f"torchtitan.experiments.{name}"],
+            unforkable=self.UNFORKABLE,
+            lacking=spelled.lacking,
         )
 
     # the fork server imports the config manager once; 0.2 binds its arguments then (0.3 reads them per call)

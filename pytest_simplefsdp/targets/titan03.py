@@ -238,7 +238,8 @@ class Titan03(TorchtitanTarget):
         ]
         spelled = self.spell({"model": model, "versions": versions}, flags)
         argv = ["--module", module, "--config", config, *spelled.argv]
-        return self.rank_command("torchtitan.train", argv, {**shim_env(self.matrix.device, self.name), **spelled.env()})
+        env = {**shim_env(self.matrix.device, self.name), **spelled.env()}
+        return self.rank_command("torchtitan.train", argv, env, lacking=spelled.lacking)
 
     def evidence_lines(self, cell) -> list:
         a = cell.axes
@@ -380,7 +381,12 @@ class Titan03(TorchtitanTarget):
         # a precompiled artifact is rank-agnostic: every rank loads it as local rank 0 of its own GPU (upstream's
         # run_train_precompile.sh passes torchrun --virtual-local-rank)
         return self.rank_command(
-            "torchtitan.train", args, env, preload=preload, virtual_local_rank="precompile" in self.before_steps(cell)
+            "torchtitan.train",
+            args,
+            env,
+            preload=preload,
+            virtual_local_rank="precompile" in self.before_steps(cell),
+            lacking=spelled.lacking,
         )
 
     STEPS = ("precompile",)
