@@ -236,3 +236,26 @@ def test_the_autobucketing_pass_estimates_matmuls_on_cpu_where_it_would_ask_the_
         ESTIMATE, SIMPLEFSDP_CPU_SHIM="titan02", SIMPLEFSDP_CPU_SHIM_SKIP="autobucketing_analytic_estimates"
     )
     assert out.stdout.split() == ["AssertionError"], out.stderr
+
+
+def test_a_patch_that_does_not_fit_its_module_is_said_and_not_attached(tmp_path):
+    """A probe written for a newer torchtitan (main of March 2026 had no remat pass): its patch raises, which is said
+    on the rank's stderr and leaves the label unattached (evidence then says the key was not recorded), never the
+    import of torchtitan's module failing with the plugin's own error."""
+    (tmp_path / "old_passes.py").write_text("def apply_sac_pass(gm):\n    return gm\n")
+    code = (
+        "from pytest_simplefsdp.shim import hooks\n"
+        "@hooks.after_import('old_passes', 'passes')\n"
+        "def passes(module):\n"
+        "    module.selective_activation_remat_pass\n"
+        "@hooks.after_import('old_passes', 'other')\n"
+        "def other(module):\n"
+        "    module.seen = True\n"
+        "import old_passes\n"
+        "print(hooks.ATTACHED, old_passes.seen)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(SHIM_DIR.parent.parent)]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "['other'] True"
+    assert "[simplefsdp-shim] passes did not attach to old_passes: AttributeError:" in out.stderr

@@ -19,7 +19,7 @@ from pytest_simplefsdp.spec.cells import expand
 from pytest_simplefsdp.spec.matrix import MatrixError, load_matrix
 from pytest_simplefsdp.targets import base as targets
 from pytest_simplefsdp.targets import make_target
-from pytest_simplefsdp.targets.flags import Flag, OptionError, Options
+from pytest_simplefsdp.targets.flags import Flag, Options, Spelled
 
 from helpers import cells_of
 
@@ -216,8 +216,8 @@ def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan,
     assert asked == ["torchtitan@abc123"]  # the installed versions never ask; the set's table is read once
     argv_of(target, in_set, tmp_path)
     assert asked == ["torchtitan@abc123", "torchtitan@abc123"] and len(target.set_options) == 1
-    # a flag the set's torchtitan has no spelling of goes as written: that torchtitan's own refusal is the outcome
-    # of the cell on that version (a bisection can find the commit), not an error of the plugin
+    # a flag the set's torchtitan has no spelling of goes as written and is named: the cell fails as invalid_config
+    # on that version, unlaunched (a bisection can find the commit), not an error of the plugin
     gone_folder = tmp_path / "gone"
     gone_folder.mkdir()
     (gone_folder / "titan_set.py").write_text(
@@ -227,8 +227,10 @@ def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan,
     moved = tmp_path / "gone-python"  # (another interpreter: another table, not the one kept for the first)
     python.rename(moved)
     target.python_for = lambda label: str(moved)
-    gone = " ".join(argv_of(target, in_set, tmp_path))
+    command = target.command(in_set, dump_folder=tmp_path / "dump", seed_folder=tmp_path / "seed")
+    gone = " ".join(command.argv)
     assert "--training.max_context_length 256" in gone and "--dataloader.dataset_path " in gone
+    assert [e.line() for e in command.lacking] == ["this torchtitan has no --dataloader.dataset_path (target)"]
     # a commit after the grain change (upstream 1460458) whose config module sets the dataset in Python: the set's
     # table says so, and its cells pass it to that module, as a bisection across the change needs
     grain = tmp_path / "grain"
@@ -422,11 +424,15 @@ def test_the_rank_shim_sets_the_dataset_on_whichever_config_torchtitan_loads(mon
         options.set_in_python(namespace["Config"](), {"dataloader.dataset_path": "x"})
 
 
-def test_a_literal_value_outside_the_choices_is_refused():
+def test_a_literal_value_outside_the_choices_is_named_as_lacking():
+    """A value the option does not take goes as written and is named: the cell fails as invalid_config, unlaunched."""
     options = Options({"compile.mode": ["aot_fx_trace", "None"]}, "torchtitan 9.9 (fake)")
-    with pytest.raises(OptionError, match=r"--compile.mode jit: torchtitan 9.9 \(fake\) accepts aot_fx_trace, None"):
-        options.spell([Flag("compile.mode", "jit", "axis compile=jit")])
-    assert options.spell([Flag("compile.mode", "None")]).argv == ["--compile.mode", "None"]
+    spelled = options.spell([Flag("compile.mode", "jit", "axis compile=jit")])
+    (error,) = spelled.lacking
+    assert str(error) == "--compile.mode jit: torchtitan 9.9 (fake) accepts aot_fx_trace, None"
+    assert error.line() == "this torchtitan's --compile.mode does not take jit (axis compile=jit)"
+    assert spelled.argv == ["--compile.mode", "jit"]
+    assert options.spell([Flag("compile.mode", "None")]) == Spelled(["--compile.mode", "None"], {})
 
 
 def test_walk_reads_nested_options_and_their_choices():
@@ -491,6 +497,19 @@ def test_an_unsupported_torch_stops_the_run_before_any_cell(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*target titan03 supports torch >=2.14,<2.16, but torch 2.13.0 is installed*"])
     assert not (pytester.path / ".simplefsdp" / "runs").exists()
+
+
+def test_a_checkout_whose_c4_sample_is_absent_trains_on_our_assets(tmp_path, monkeypatch):
+    """A clone without its large files (GitHub's copy of main lacks tests/assets/c4_test/data.json) leaves the folder
+    empty: its cells would fail reading no data, so the checkout's assets are used only with the sample in them."""
+    monkeypatch.setattr(targets, "source_checkout", lambda name: None)
+    (tmp_path / "torchtitan").mkdir()
+    (tmp_path / "tests/assets/tokenizer").mkdir(parents=True)
+    (tmp_path / "tests/assets/tokenizer/tokenizer.json").write_text("{}")
+    (tmp_path / "tests/assets/c4_test").mkdir()
+    assert targets.checkout_assets(tmp_path) is None
+    (tmp_path / "tests/assets/c4_test/data.json").write_text('{"text": "a"}\n')
+    assert targets.checkout_assets(tmp_path) == tmp_path / "tests" / "assets"
 
 
 def test_a_dry_run_without_the_targets_torchtitan_says_its_flags_are_unchecked(monkeypatch):

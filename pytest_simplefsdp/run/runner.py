@@ -342,7 +342,7 @@ def not_launched(cell, spec) -> CellResult:
     not launched. Its line (the signature's text) names no version: every commit before the option says the same, as
     a bisection needs; the details name the torchtitan."""
     errors = spec.command.lacking
-    line = "; ".join(f"this torchtitan has no --{e.flag.name} ({e.flag.source})" for e in errors) + ": not launched"
+    line = "; ".join(e.line() for e in errors) + ": not launched"
     result = CellResult(cell.id, dict(cell.axes), world=cell.world, mutant=getattr(cell, "mutant", None))
     result.fail(FailureClass.INVALID_CONFIG, line)
     result.details.extend(map(str, errors))

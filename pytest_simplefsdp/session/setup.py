@@ -17,7 +17,7 @@ from ..judge.gate import Base
 from ..judge.known import could_apply, load_known_failures, scope_problem
 from ..kinds import Device, RecordType
 from ..launch.builtin import LAUNCHERS
-from ..machine import cuda_device_ids, installed, source_checkout, vcs_commit
+from ..machine import code_identity, cuda_device_ids, installed, source_checkout, vcs_commit
 from ..options import MERGE_BASE, NEWEST
 from ..paths import KNOWN_FAILURES, PACKAGE, cache_root
 from ..spec.cells import named_by
@@ -96,6 +96,9 @@ def load_known(config, s, runs, cache_dir):
             named = set(named if isinstance(named, list) else [named]) if named else set()
             if entry.id in facts["matched"] or entry.foreign or (named and named <= set(facts["unloadable"])):
                 continue  # it matches a shipped cell, or its profiles are not loaded (or cannot be, here)
+            tests = entry.when.get("upstream")
+            if tests and not set(tests if isinstance(tests, list) else [tests]) & set(facts["upstream_tests"]):
+                continue  # upstream tests the installed torchtitan does not have (an older main): none to match here
             if not any(could_apply(entry, c.axes, r.env(c.axes)) for r in runs for c in r.cells):
                 raise MatrixError(
                     f"{entry.where}: entry {entry.id!r} matches no valid cell of any profile "
@@ -148,6 +151,7 @@ def _shipped_facts(config, path, runs, cache_dir):
         "profiles": sorted({r.matrix.profile for r in profiles} | unloadable),
         "unloadable": sorted(unloadable),
         "matched": matched,
+        "upstream_tests": sorted({t for r in profiles for t in (r.matrix.upstream or {})}),
     }
 
 
@@ -162,7 +166,8 @@ def check_key(config, path) -> str:
     for f in sorted(set(files)):
         h.update(f"{f}\0".encode())
         h.update(f.read_bytes() if f.is_file() else b"-")
-    h.update(installed("torchtitan").encode())
+    # the installed torchtitan: main of any month says 0.2.2, so its code too (which upstream tests it has)
+    h.update(f"{installed('torchtitan')}\0{code_identity()}".encode())
     return h.hexdigest()[:20]
 
 

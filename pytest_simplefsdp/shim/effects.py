@@ -194,8 +194,9 @@ def _add(into: dict, counts: dict):
 def effects():
     @after_import("torchtitan.experiments.graph_trainer.passes", "passes")
     def passes(module):
-        """The passes GraphTrainer and GraphPP build their lists from (looked up when the list is made)."""
-        remat = module.selective_activation_remat_pass
+        """The passes GraphTrainer and GraphPP build their lists from (looked up when the list is made); a pass this
+        torchtitan does not have (main of March 2026 had no remat pass) is not wrapped: nothing recorded of it."""
+        remat = getattr(module, "selective_activation_remat_pass", None)
 
         def selective_activation_remat_pass(gm, *args, **kwargs):
             seen, per_block = record.read("effects", "tags", {}), record.read("effects", "block_tags", {})
@@ -214,9 +215,12 @@ def effects():
             )
             return remat(gm, *args, **kwargs)
 
-        module.selective_activation_remat_pass = selective_activation_remat_pass
+        if remat is not None:
+            module.selective_activation_remat_pass = selective_activation_remat_pass
         for kind, name in (("full", "full_inductor_compilation_pass"), ("regional", "regional_inductor_pass")):
-            original = getattr(module, name)
+            original = getattr(module, name, None)
+            if original is None:
+                continue
 
             def terminal(gm, *args, _original=original, _kind=kind, **kwargs):
                 record.write("effects", {"inductor_compilation": _kind})

@@ -34,7 +34,11 @@ def _ready(module) -> bool:
 
 def _apply(name, module):
     for label, patch in PENDING.pop(name, []):
-        patch(module)
+        try:
+            patch(module)
+        except Exception as e:  # a torchtitan the patch does not fit: it did not attach, said; the rank runs on
+            say(f"[simplefsdp-shim] {label} did not attach to {name}: {type(e).__name__}: {e}")
+            continue
         ATTACHED.append(label)
         for tell in _ON_ATTACH:
             tell(label)

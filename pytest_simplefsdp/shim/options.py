@@ -168,9 +168,23 @@ def load_config(module=None, config=None):
 
 
 def table(module=None, config=None) -> dict:
-    """The option table of one job config: {"cli": {name: choices}, "python": [names]}."""
+    """The option table of one job config: {"cli": {name: choices}, "python": [names], "binds_argv": bool}."""
     _, job = load_config(module, config)
-    return {"cli": walk(job), "python": python_options(job)}
+    return {"cli": walk(job), "python": python_options(job), "binds_argv": binds_argv()}
+
+
+def binds_argv() -> bool:
+    """Whether this torchtitan's ConfigManager.parse_args takes ``sys.argv[1:]`` as its default, bound when the module
+    is imported (0.2, and main before the spring of 2026): a fork server that imported it once would hand every rank
+    its own argv, so such a torchtitan's ranks are not forked."""
+    import inspect
+
+    try:
+        from torchtitan.config.manager import ConfigManager
+    except ImportError:
+        return False
+    default = inspect.signature(ConfigManager.parse_args).parameters.get("args")
+    return default is not None and isinstance(default.default, list)
 
 
 def main(argv=None):

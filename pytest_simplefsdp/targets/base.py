@@ -4,7 +4,6 @@ matrix's axis values against what a target accepts."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import sys
@@ -22,7 +21,7 @@ from ..spec.paths import load_rules, map_file
 from ..spec.upstream import options, tokens
 from ..versions.sets import INSTALLED
 from ..words import release
-from .flags import Flag, OptionError, read_options, spelled_value, unchecked
+from .flags import Flag, read_options, spelled_value, unchecked
 
 FILE_DEFINED = object()  # an axis whose values the matrix file defines (`features`; `source: upstream`'s tests)
 
@@ -83,7 +82,8 @@ def _unsupported(package, supported, target):
 
 def checkout_assets(rootdir) -> Path | None:
     """torchtitan's own test assets (``tests/assets``: its tokenizer and c4 sample), where torchtitan runs from a git
-    checkout: installed editable from one, or the rootdir is one. A wheel ships neither."""
+    checkout: installed editable from one, or the rootdir is one. A wheel ships neither; a copy whose c4 sample is
+    absent (a clone without its large files leaves the folder empty) is not used: ours instead."""
     for root in (source_checkout("torchtitan"), Path(rootdir)):
         assets = root / "tests" / "assets" if root else None
         if (
@@ -91,6 +91,7 @@ def checkout_assets(rootdir) -> Path | None:
             and (root / "torchtitan").is_dir()
             and (assets / "tokenizer" / "tokenizer.json").is_file()
             and (assets / "c4_test").is_dir()
+            and any(p.is_file() for p in (assets / "c4_test").iterdir())
         ):
             return assets
     return None
@@ -357,19 +358,15 @@ class TorchtitanTarget(Target):
                 (f"seed checkpoint of {m}", lambda m=m: self.seed_command(m, Path("seed")))
                 for m in sorted({c.axes["model"] for c in cells})
             ]
-        lacking, stop = set(), False  # the jobs that lack an option; whether one cannot be spelled at all
+        lacking = set()  # the jobs that ask for an option (or a value) this torchtitan does not have
         for name, spell in jobs:
-            try:
-                errors = spell().lacking
-            except OptionError as e:  # a value the installed torchtitan refuses: no command to run
-                errors, stop = (e,), True
-            for e in errors:
+            for e in spell().lacking:
                 missing.setdefault((e.flag.name, e.flag.source), [str(e), []])[1].append(name)
                 lacking.add(name)
         # (a version set's cell lacking an option is that commit's outcome, never a reason to stop)
         seeds = {name for name, _ in jobs if name.startswith("seed checkpoint of ")}
         here = {c.id for c in cells if c.id not in offered and c.axes.get("versions", INSTALLED) == INSTALLED}
-        if stop or lacking & seeds or (here and lacking >= here):
+        if lacking & seeds or (here and lacking >= here):
             lines = [
                 f"  {source}: {error} ({len(names)} of {len(jobs)}: {', '.join(names[:3])}"
                 f"{', ...' if len(names) > 3 else ''})"
@@ -400,7 +397,6 @@ class TorchtitanTarget(Target):
             origin = f"torchtitan of {label} ({f'{m}.{c}' if m else 'JobConfig'})"
             try:
                 found = read_options([key], shim_env(self.matrix.device, self.name), {key: origin}, python)[key]
-                found = dataclasses.replace(found, strict=False)
             except RuntimeError:  # the set's torchtitan cannot list them: flags as written, its cell says what breaks
                 found = None
             self.set_options[(python, key)] = found

@@ -133,11 +133,18 @@ RENAMES = {
 
 
 class OptionError(Exception):
-    """A flag the installed torchtitan cannot express; ``flag`` says where it came from."""
+    """A flag a torchtitan cannot express: an option it does not have, or a value outside the option's choices
+    (``offered``); ``flag`` says where it came from."""
 
-    def __init__(self, flag: Flag, message: str):
+    def __init__(self, flag: Flag, message: str, offered: list | None = None):
         super().__init__(message)
-        self.flag = flag
+        self.flag, self.offered = flag, offered
+
+    def line(self) -> str:
+        """What the cell's failure says, naming no torchtitan version (its commits before the option say the same)."""
+        if self.offered is None:
+            return f"this torchtitan has no --{self.flag.name} ({self.flag.source})"
+        return f"this torchtitan's --{self.flag.name} does not take {self.flag.value} ({self.flag.source})"
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,7 @@ class Spelled:
     argv: list
     python: dict
     lacking: tuple = ()  # OptionError per option this torchtitan does not have (the flag goes as written)
+    unforkable: str | None = None  # why its ranks must not be forked (Options.binds_argv)
 
     def env(self) -> dict:
         return {SET_ENV: json.dumps(self.python, sort_keys=True)} if self.python else {}
@@ -159,20 +167,20 @@ class Options:
 
     names: dict
     origin: str  # e.g. "torchtitan 0.3.0 (titan03_configs.llama3_debugmodel_cpu)"
-    # False for a version set's torchtitan: a value outside an option's choices goes as written, and torchtitan's
-    # own refusal is the cell's outcome on that version (a behaviour a bisection can find), not a collection error
-    strict: bool = True
     # what the config module sets in Python where this torchtitan has no CLI option (shim.options.table)
     python: frozenset = frozenset()
+    binds_argv: bool = False  # its ConfigManager binds sys.argv when imported (shim.options.binds_argv): not forked
 
     @classmethod
     def from_table(cls, table: dict, origin: str):
-        return cls(table["cli"], origin, python=frozenset(table.get("python", ())))
+        return cls(
+            table["cli"], origin, python=frozenset(table.get("python", ())), binds_argv=table.get("binds_argv", False)
+        )
 
     def spell(self, flags: list[Flag]) -> Spelled:
-        """argv (and Python-set values) for the flags. An option this torchtitan does not have goes as written and is
-        named in ``lacking`` (whichever torchtitan: a version set's commit before the option says the same); a value
-        outside the option's choices raises OptionError where the table is the installed one's."""
+        """argv (and Python-set values) for the flags. An option this torchtitan does not have, or a value outside its
+        choices, goes as written and is named in ``lacking`` (the installed torchtitan's table or a version set's: a
+        cell's outcome on that torchtitan, which a bisection can find, never a collection error)."""
         by_name = {f.name: f for f in flags}
         argv, python, lacking = [], {}, []
         for flag in flags:
@@ -191,10 +199,12 @@ class Options:
                 continue
             choices = self.names[name]
             value = spelled_value(name, value, choices)
-            if choices is not ANY and value is not True and str(value) not in choices and self.strict:
-                raise OptionError(flag, f"--{name} {value}: {self.origin} accepts {', '.join(choices)}")
+            if choices is not ANY and value is not True and str(value) not in choices:
+                error = f"--{name} {value}: {self.origin} accepts {', '.join(choices)}"
+                lacking.append(OptionError(flag, error, offered=choices))
             argv += _argv(name, value)
-        return Spelled(argv, python, tuple(lacking))
+        binds = f"{self.origin.split(' (')[0]}'s ConfigManager.parse_args binds sys.argv[1:] when it is imported"
+        return Spelled(argv, python, tuple(lacking), binds if self.binds_argv else None)
 
 
 def unchecked(flags: list[Flag]) -> Spelled:

@@ -239,7 +239,7 @@ class Titan03(TorchtitanTarget):
         spelled = self.spell({"model": model, "versions": versions}, flags)
         argv = ["--module", module, "--config", config, *spelled.argv]
         env = {**shim_env(self.matrix.device, self.name), **spelled.env()}
-        return self.rank_command("torchtitan.train", argv, env, lacking=spelled.lacking)
+        return self.rank_command("torchtitan.train", argv, env, unforkable=spelled.unforkable, lacking=spelled.lacking)
 
     def evidence_lines(self, cell) -> list:
         a = cell.axes
@@ -386,6 +386,7 @@ class Titan03(TorchtitanTarget):
             env,
             preload=preload,
             virtual_local_rank="precompile" in self.before_steps(cell),
+            unforkable=spelled.unforkable,
             lacking=spelled.lacking,
         )
 
