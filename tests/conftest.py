@@ -1,4 +1,6 @@
 import fcntl
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,13 @@ TIERS = {
 def pytest_configure(config):
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
+    if os.environ.get("SIMPLEFSDP_CI_BUDGET_OUT"):  # benchmarks/ci_budget.py: each test's wall and CPU, recorded
+        spec = importlib.util.spec_from_file_location(
+            "ci_probe", Path(__file__).parent.parent / "benchmarks/ci_probe.py"
+        )
+        probe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(probe)
+        config.pluginmanager.register(probe, "ci_probe")
 
 
 @pytest.fixture

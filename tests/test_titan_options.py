@@ -197,6 +197,37 @@ def test_a_pp_cell_on_main_gets_as_many_microbatches_as_on_0_3_0(tmp_path, monke
     assert "--training.num_tokens_per_train_step 2048" in argv and "pipeline_parallel_microbatch_size" not in argv
 
 
+def test_cuda_graphs_are_left_out_as_main_of_spring_2026_spells_it(tmp_path, monkeypatch):
+    """Main of May 2026 had no --training.disable_cuda_graphs: its cudagraph_pass ran unless --compile.disable_passes
+    named it (and a CPU rank died in torch.cuda); a torchtitan with neither gets no flag at all."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    argvs = {}
+    for name, passes in (
+        ("titan_may", "    disable_passes: list[str] = field(default_factory=list)\n"),
+        ("titan_mar", ""),
+    ):
+        configs = FAKE_CONFIGS.format(batch=OLD_BATCH, inductor=INDUCTOR).replace(
+            "    disable_cuda_graphs: bool = False\n", ""
+        )
+        (tmp_path / f"{name}.py").write_text(
+            configs.replace('    backend: str = "aot_eager"\n', f'    backend: str = "aot_eager"\n{passes}')
+        )
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(
+            MATRIX.format(module=name, compile="aot_fx_trace", backend="aot_eager").replace(
+                "device: cuda", "device: cpu"
+            )
+        )
+        target = make_target(load_matrix(path), tmp_path)
+        cells, _ = expand(target.matrix)
+        target.bind(cells)
+        argvs[name] = " ".join(argv_of(target, cells[0], tmp_path))
+    assert "--compile.disable_passes cudagraph_pass" in argvs["titan_may"]
+    assert "--compile.disable_passes" not in argvs["titan_mar"]
+    assert "--training.disable_cuda_graphs" not in argvs["titan_mar"]
+
+
 def test_a_version_sets_cells_are_spelled_by_its_own_torchtitan(fake_torchtitan, tmp_path):
     """A version set whose environment is built (here: a Python that sees the renamed config of PR 4121) spells
     its cells with that torchtitan's names; the installed versions' cells keep the installed names."""

@@ -129,11 +129,13 @@ def histc_integer_input():
 
 def fill_indices_tensor_ops():
     """EP token permutation calls a Triton kernel; 0.2's own CPU fallback loops over ``.item()``,
-    which full-graph compile cannot trace. Same result with fixed-shape tensor ops."""
+    which full-graph compile cannot trace. Same result with fixed-shape tensor ops. (0.2's module, and main's
+    until the padding went, fe80b63cf, 2026-04-02; its kernel wants a Triton driver: "0 active drivers" on CPU.)"""
+    for name in ("torchtitan.models.moe.kernels", "torchtitan.models.common.moe.kernels"):
 
-    @after_import("torchtitan.models.moe.kernels")
-    def patch(module):
-        module.fill_indices_wrapper = fill_indices
+        @after_import(name)
+        def patch(module):
+            module.fill_indices_wrapper = fill_indices
 
 
 def fill_indices(
@@ -234,6 +236,10 @@ PATCH_SETS = {  # SIMPLEFSDP_CPU_SHIM names the set: one per torchtitan generati
         "cpu_sdpa_saved": cpu_sdpa_saved,
         "fsdp2_sum_reduction": fsdp2_sum_reduction,
         "end_of_run_sleep": end_of_run_sleep,
+        # main before fe80b63cf (#2774, 2026-04-02) still counted tokens with histc on Long and permuted them with
+        # a Triton kernel (inert after it: no histc on Long, no such module)
+        "histc_integer_input": histc_integer_input,
+        "fill_indices_tensor_ops": fill_indices_tensor_ops,
     },
     "titan02": {
         **SHARED,

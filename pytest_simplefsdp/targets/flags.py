@@ -108,6 +108,13 @@ RENAMES = {
             _bucketing_pass,
             "torchtitan PR 1881 (0.2.1): SimpleFSDP's bucketing passes chosen by --compile.graph_passes",
         ),
+        # main before training.disable_cuda_graphs (spring 2026): CUDA graphs were a graph pass, left out by name
+        Rename(
+            "training.disable_cuda_graphs",
+            "compile.disable_passes",
+            lambda v, f: "cudagraph_pass",
+            "main of spring 2026: cudagraph_pass ran unless --compile.disable_passes named it",
+        ),
         # after 0.3.0 (titan03 writes 0.3.0's names)
         Rename("training.seq_len", "training.max_context_length", lambda v, f: v, "torchtitan PR 4121"),
         Rename(
