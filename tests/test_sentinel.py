@@ -125,3 +125,18 @@ def test_a_cell_flaky_last_night_is_bisected_and_two_regressions_in_one_window_a
     assert len(bodies) == 2
     assert any(f"regressed in @{second_bug}" in b for b in bodies), bodies
     assert any(f"regressed in @{first_bug} (last good @" in b and "another fake error" in b for b in bodies), bodies
+
+
+def test_where_torch_and_torchtitan_both_moved_both_are_searched_torchtitan_first(tmp_path):
+    """A night where both moved: torchtitan's commits first, then torch's releases; where only one moved, only it."""
+    from pytest_simplefsdp.session.sentinel import Sentinel
+
+    sentinel = Sentinel(None, tmp_path)
+    green = {"torchtitan_commit": "aaa", "torch": "2.14.0", "torchtitan": "0.2.2"}
+    assert sentinel.windows(green, {"torchtitan_commit": "bbb", "torch": "2.15.0", "torchtitan": "0.2.2"}) == [
+        ("torchtitan", "aaa..bbb"),
+        ("torch", "2.14.0,2.15.0"),
+    ]
+    assert sentinel.windows(green, {**green, "torch": "2.15.0"}) == [("torch", "2.14.0,2.15.0")]
+    assert sentinel.windows(green, {**green, "torchtitan_commit": "bbb"}) == [("torchtitan", "aaa..bbb")]
+    assert sentinel.windows({"torchtitan": "0.2.1"}, {"torchtitan": "0.3.0"}) == [("torchtitan", "0.2.1,0.3.0")]
