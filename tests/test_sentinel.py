@@ -140,3 +140,18 @@ def test_where_torch_and_torchtitan_both_moved_both_are_searched_torchtitan_firs
     assert sentinel.windows(green, {**green, "torch": "2.15.0"}) == [("torch", "2.14.0,2.15.0")]
     assert sentinel.windows(green, {**green, "torchtitan_commit": "bbb"}) == [("torchtitan", "aaa..bbb")]
     assert sentinel.windows({"torchtitan": "0.2.1"}, {"torchtitan": "0.3.0"}) == [("torchtitan", "0.2.1,0.3.0")]
+
+
+def test_a_probe_failed_by_its_seed_or_baseline_is_untestable_not_another_regression():
+    """A bisection probe whose seed checkpoint could not be made (its environment failed to build: seen bisecting
+    main's June 2026 across `fetch`'s copy) says nothing of the cell: skipped, as git bisect skip, never the start of
+    a second search for "another regression"."""
+    from pytest_simplefsdp.judge.results import CellResult
+    from pytest_simplefsdp.session.bisecting import OTHER, UNTESTABLE, outcome
+    from pytest_simplefsdp.spec.cells import Cell
+
+    cell = Cell("c", {}, 2)
+    seedless = CellResult.infra(cell, "seed checkpoint for llama3 failed: no environment", culprit="seed of llama3")
+    assert outcome(seedless, "RuntimeError: the bug")[0] == UNTESTABLE
+    own = CellResult.infra(cell, "RuntimeError: another bug")
+    assert outcome(own, "RuntimeError: the bug")[0] == OTHER

@@ -273,8 +273,8 @@ def outcome(result, wanted) -> tuple:
         return PASSES, "", ""
     sig = result.signature or identity(result)
     line = result.error_line or ""
-    if result.not_run:  # no environment for the version: asked before the signature, which an environment's
-        return UNTESTABLE, sig, line  # failure shares at every version
+    if result.not_run or result.culprit:  # no environment for the version, or its seed checkpoint or baseline
+        return UNTESTABLE, sig, line  # failed: no behaviour of the cell's own (asked before the signature)
     if sig == wanted:
         return FAILS, sig, line
     if not result.losses and API_MISMATCH.search(line):
