@@ -58,7 +58,7 @@ def main(argv=None):
     for run in a.runs:
         records = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
         cells = [r for r in records if r.get("type") == "cell"]
-        times = [(f.stat().st_mtime) for f in run.rglob("command.txt")] + [f.stat().st_mtime for f in run.rglob("*")]
+        times = [f.stat().st_mtime for f in run.rglob("*")]
         session = max(times) - min(times) if times else 0.0
         rows, other = [], []
         for folder in sorted(p for p in run.glob("*/*") if p.is_dir()):
