@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import BASETEMP, slurm_jobs
+from pytest_simplefsdp.paths import cache_root
 
 pytest_plugins = ["pytester", "leftovers"]
 
@@ -22,6 +23,11 @@ TIERS = {
 
 
 def pytest_configure(config):
+    # pytester gives each inner session a fresh HOME, so each redid the per-user cache's work (the known-failures
+    # check expands every shipped profile: ~3 s a session, ~1/3 of the fake tier's CPU). Its entries are keyed by
+    # what they depend on, so the suite's sessions share the user's cache, as a user's own sessions do; a test
+    # that needs a cold cache sets XDG_CACHE_HOME itself.
+    os.environ.setdefault("XDG_CACHE_HOME", str(cache_root().parent))
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
     if os.environ.get("SIMPLEFSDP_CI_BUDGET_OUT"):  # benchmarks/ci_budget.py: each test's wall and CPU, recorded
