@@ -34,6 +34,7 @@ def pytest_runtest_protocol(item, nextitem):
         "markers": sorted({m.name for m in item.iter_markers()}),
         "fixtures": sorted(getattr(item, "fixturenames", ())),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "env": os.environ.get("TOX_ENV_NAME", ""),  # (tiers run side by side write to one folder)
     }
     with open(Path(out) / f"{os.getpid()}.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BASETEMP, slurm_jobs
 from pytest_simplefsdp.paths import cache_root
+
+from helpers import BASETEMP, slurm_jobs
 
 pytest_plugins = ["pytester", "leftovers"]
 
