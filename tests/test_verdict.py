@@ -1,5 +1,6 @@
 """Known failures: signatures, validation, verdicts as pytest outcomes, gate mode, file updates."""
 
+import json
 import shutil
 import textwrap
 
@@ -212,6 +213,38 @@ def test_device_condition(run_matrix, pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*entry 'fake-eq' matches no valid cell of any profile*"])
     assert not (pytester.path / "runs" / "fake").exists()
+
+
+GPU_ONLY = """\
+- id: qwen3-on-eight-gpus
+  when: {{profile: h100x8, model: qwen3{extra}}}
+  error: 'boom'
+  kind: xfail
+  link: https://github.com/pytorch/torchtitan/pull/1529
+  reason: matches a cell of a shipped profile this session does not run
+"""
+
+
+def test_every_known_failures_file_is_checked_against_the_shipped_cells_expanded_once(
+    run_matrix, pytester, tmp_path, monkeypatch
+):
+    """The shipped profiles are expanded once per content key (the slow half of a session's start); an edited
+    known-failures file is checked against those kept cells: an entry matching a shipped cell loads, one matching
+    none is refused, and the kept file is neither rewritten nor joined by another."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    text = with_error("RuntimeError: Eq(u0 + u1, 3072)")
+    path = kf_file(pytester, KF_EQ + GPU_ONLY.format(extra=""))
+    run_matrix(text, f"--simplefsdp-known-failures={path}").assert_outcomes(passed=1, xfailed=1)
+    (kept,) = (tmp_path / "cache" / "pytest-simplefsdp" / "known-check").glob("shipped-*.json")
+    cells = dict((env["profile"], c) for env, c in json.loads(kept.read_text())["cells"])
+    assert any(c["model"] == "qwen3" for c in cells["h100x8"]) and not any(c["model"] == "qwen3" for c in cells["cpu"])
+    written = kept.stat().st_mtime_ns
+    path = kf_file(pytester, KF_EQ + GPU_ONLY.format(extra=", device: cpu"))  # h100x8's cells are cuda ones
+    result = run_matrix(text, f"--simplefsdp-known-failures={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*known_failures.yaml:8: entry 'qwen3-on-eight-gpus' matches no valid cell of any*"])
+    assert [p.name for p in kept.parent.glob("shipped-*.json")] == [kept.name]
+    assert kept.stat().st_mtime_ns == written
 
 
 @pytest.mark.parametrize(

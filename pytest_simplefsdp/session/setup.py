@@ -14,7 +14,7 @@ import pytest
 
 from ..judge import mutants
 from ..judge.gate import Base
-from ..judge.known import could_apply, load_known_failures, scope_problem
+from ..judge.known import ENV_KEYS, could_apply, load_known_failures, scope_problem
 from ..kinds import Device, RecordType
 from ..launch.builtin import LAUNCHERS
 from ..machine import code_identity, cuda_device_ids, installed, source_checkout, vcs_commit
@@ -74,19 +74,12 @@ def known_failures_path(config, s):
 def load_known(config, s, runs, cache_dir):
     """The known failures, each entry checked to be able to match a valid cell of some profile: the shipped ones
     (in the real tier, since a tier's rules may drop more) or one this session runs. Expanding every shipped profile
-    for that check is most of a session's start (millions of excludes on the GPU profiles), so what it found is
-    kept per content key (``check_key``: the file, the shipped profiles, the plugin's code); the session's own
+    for that check is most of a session's start (millions of excludes on the GPU profiles), so their valid cells are
+    kept per content key (``shipped_key``: the shipped profiles, the plugin's code, the installed torchtitan), the
+    same for every known-failures file (an edited file is checked against them in milliseconds); the session's own
     matrices are checked every time (their cells are already expanded)."""
     path = known_failures_path(config, s)
-    cached = cache_root() / "known-check" / f"{check_key(config, path)}.json"
-    if cached.is_file():
-        facts = json.loads(cached.read_text())
-    else:
-        facts = _shipped_facts(config, path, runs, cache_dir)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_suffix(f".{os.getpid()}.part")  # sessions in parallel never read half a file
-        part.write_text(json.dumps(facts))
-        os.replace(part, cached)
+    facts = shipped_cells(config, cache_dir)
     axis_names = set(facts["axes"]) | {a for r in runs for a in r.matrix.axes}
     names = set(facts["profiles"]) | {r.matrix.profile for r in runs}
     try:
@@ -94,8 +87,10 @@ def load_known(config, s, runs, cache_dir):
         for entry in known.entries:
             named = entry.when.get("profile")
             named = set(named if isinstance(named, list) else [named]) if named else set()
-            if entry.id in facts["matched"] or entry.foreign or (named and named <= set(facts["unloadable"])):
-                continue  # it matches a shipped cell, or its profiles are not loaded (or cannot be, here)
+            if entry.foreign or (named and named <= set(facts["unloadable"])):
+                continue  # its profiles are not loaded (or cannot be, here)
+            if any(could_apply(entry, axes, env) for env, cells in facts["cells"] for axes in cells):
+                continue  # it matches a shipped cell
             tests = entry.when.get("upstream")
             if tests and not set(tests if isinstance(tests, list) else [tests]) & set(facts["upstream_tests"]):
                 continue  # upstream tests the installed torchtitan does not have (an older main): none to match here
@@ -108,6 +103,37 @@ def load_known(config, s, runs, cache_dir):
     except MatrixError as e:
         raise pytest.UsageError(str(e)) from None
     return known
+
+
+def shipped_cells(config, cache_dir) -> dict:
+    """The shipped profiles, expanded once per ``shipped_key`` (cached under the per-user cache): their axes and
+    names, the ones that cannot load here, the upstream tests they list, and each one's valid cells (axes) with what
+    an entry's conditions may name of their environment besides versions (``could_apply`` checks no version)."""
+    cached = cache_root() / "known-check" / f"shipped-{shipped_key(config)}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    profiles, unloadable = [], set()
+    for p in shipped(config.rootpath).values():
+        try:
+            profiles.append(MatrixRun(p, config, cache_dir))
+        except SourceUnavailable:
+            unloadable.add(p.stem)  # an upstream-sourced profile whose torchtitan is not installed here
+        except MatrixError as e:  # a broken shipped profile is an error, not an unknown axis later
+            raise pytest.UsageError(f"a shipped profile does not load: {e}") from None
+    facts = {
+        "axes": sorted({a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES),
+        "profiles": sorted({r.matrix.profile for r in profiles} | unloadable),
+        "unloadable": sorted(unloadable),
+        "upstream_tests": sorted({t for r in profiles for t in (r.matrix.upstream or {})}),
+        "cells": [
+            ({k: v for k, v in r.env().items() if k in ENV_KEYS}, [plain(c.axes) for c in r.cells]) for r in profiles
+        ],
+    }
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    part = cached.with_suffix(f".{os.getpid()}.part")  # sessions in parallel never read half a file
+    part.write_text(json.dumps(facts))
+    os.replace(part, cached)
+    return json.loads(cached.read_text())  # (as a later session reads it: JSON's types, not the profiles')
 
 
 def check_scopes(known, runs):
@@ -126,41 +152,12 @@ def check_scopes(known, runs):
                     raise MatrixError(f"{entry.where}: entry {entry.id!r}: {problem}")
 
 
-def _shipped_facts(config, path, runs, cache_dir):
-    """What the known-failures check needs of the shipped profiles: their axes and names, the ones that cannot load
-    here, and the entries that match one of their valid cells."""
-    profiles, unloadable = [], set()
-    for p in shipped(config.rootpath).values():
-        try:
-            profiles.append(MatrixRun(p, config, cache_dir))
-        except SourceUnavailable:
-            unloadable.add(p.stem)  # an upstream-sourced profile whose torchtitan is not installed here
-        except MatrixError as e:  # a broken shipped profile is an error, not an unknown axis later
-            raise pytest.UsageError(f"a shipped profile does not load: {e}") from None
-    axis_names = {a for r in profiles for a in r.matrix.axes} | {a for r in runs for a in r.matrix.axes} | UPSTREAM_AXES
-    names = {r.matrix.profile for r in profiles} | unloadable | {r.matrix.profile for r in runs}
-    try:
-        known = load_known_failures(path, axis_names, profiles=names)
-    except MatrixError as e:
-        raise pytest.UsageError(str(e)) from None
-    matched = [
-        e.id for e in known.entries if any(could_apply(e, c.axes, r.env(c.axes)) for r in profiles for c in r.cells)
-    ]
-    return {
-        "axes": sorted({a for r in profiles for a in r.matrix.axes} | UPSTREAM_AXES),
-        "profiles": sorted({r.matrix.profile for r in profiles} | unloadable),
-        "unloadable": sorted(unloadable),
-        "matched": matched,
-        "upstream_tests": sorted({t for r in profiles for t in (r.matrix.upstream or {})}),
-    }
-
-
-def check_key(config, path) -> str:
-    """What the shipped half of the known-failures check depends on: the file, every shipped profile's file, the
-    plugin's own code, the installed torchtitan (whether the upstream-sourced profiles load), and the source of
-    every other plugin that can change targets or cells (a conftest's pytest_simplefsdp_modify_cells)."""
+def shipped_key(config) -> str:
+    """What the shipped profiles' valid cells depend on: every shipped profile's file, the plugin's own code, the
+    installed torchtitan (whether the upstream-sourced profiles load), and the source of every other plugin that can
+    change targets or cells (a conftest's pytest_simplefsdp_modify_cells)."""
     h = hashlib.sha256()
-    files = [Path(path), *shipped(config.rootpath).values(), *sorted(PACKAGE.rglob("*.py"))]
+    files = [*shipped(config.rootpath).values(), *sorted(PACKAGE.rglob("*.py"))]
     for hook in (config.hook.pytest_simplefsdp_modify_cells, config.hook.pytest_simplefsdp_make_target):
         files += [Path(i.plugin.__file__) for i in hook.get_hookimpls() if getattr(i.plugin, "__file__", None)]
     for f in sorted(set(files)):
