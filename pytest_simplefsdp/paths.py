@@ -6,6 +6,7 @@ outputs go under the rootdir a run starts in."""
 
 from __future__ import annotations
 
+import json
 import os
 from importlib.resources import files
 from pathlib import Path
@@ -54,3 +55,15 @@ def shown(path, root) -> str:
         return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
     except ValueError:
         return str(path)
+
+
+def write_json(path: Path, doc) -> str:
+    """``doc`` written to ``path`` as JSON, whole or not at all (through a file of this process, then a rename):
+    sessions and workers writing the same cache entry never leave, or read, half a file. Returns the text."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    os.replace(part, path)
+    return text

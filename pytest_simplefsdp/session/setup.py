@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ..kinds import Device, RecordType
 from ..launch.builtin import LAUNCHERS
 from ..machine import code_identity, cuda_device_ids, installed, source_checkout, vcs_commit
 from ..options import MERGE_BASE, NEWEST
-from ..paths import KNOWN_FAILURES, PACKAGE, cache_root
+from ..paths import KNOWN_FAILURES, PACKAGE, cache_root, write_json
 from ..spec.cells import named_by
 from ..spec.footprint import file_changes
 from ..spec.matrix import SourceUnavailable
@@ -129,11 +128,7 @@ def shipped_cells(config, cache_dir) -> dict:
             ({k: v for k, v in r.env().items() if k in ENV_KEYS}, [plain(c.axes) for c in r.cells]) for r in profiles
         ],
     }
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    part = cached.with_suffix(f".{os.getpid()}.part")  # sessions in parallel never read half a file
-    part.write_text(json.dumps(facts))
-    os.replace(part, cached)
-    return json.loads(cached.read_text())  # (as a later session reads it: JSON's types, not the profiles')
+    return json.loads(write_json(cached, facts))  # (as a later session reads it: JSON's types, not the profiles')
 
 
 def check_scopes(known, runs):

@@ -6,10 +6,10 @@ commit its diff starts from, or of the nearest kept commit before it."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
+from ..paths import write_json
 from ..spec.footprint import Footprint
 from ..versions.git import is_ancestor
 
@@ -18,11 +18,8 @@ FOLDER = "footprints"
 
 def save(root: Path, commit: str, matrix: str, cell: str, footprint: Footprint, versions: dict) -> Path:
     path = Path(root) / FOLDER / commit / matrix / f"{cell}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"commit": commit, "versions": versions, "made": time.strftime("%Y-%m-%dT%H:%M:%S"), **footprint.to_json()}
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)  # whole or not at all: a reader never sees half a footprint
+    write_json(path, doc)  # a reader never sees half a footprint
     return path
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..machine import installed
-from ..paths import PACKAGE, cache_root
+from ..paths import PACKAGE, cache_root, write_json
 from ..shim import options as probe
 from ..shim.options import ANY, SET_ENV
 
@@ -270,9 +270,6 @@ def read_options(pairs, env: dict, origins: dict, python: str | None = None) -> 
         raise RuntimeError(f"reading the options of {which} failed: {tail[0]}")
     tables = json.loads(proc.stdout.strip().splitlines()[-1])
     for (key, cached), names in zip(missing.items(), tables):
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_suffix(f".{os.getpid()}.part")
-        part.write_text(json.dumps(names))
-        os.replace(part, cached)
+        write_json(cached, names)
         out[key] = Options.from_table(names, origins[key])
     return out
