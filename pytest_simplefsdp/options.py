@@ -406,6 +406,17 @@ OPTIONS = [
         matrix_only=False,
     ),
     Option(
+        "reuse-dir",
+        "string",
+        None,
+        "where seed checkpoints and numerics baselines are kept and looked up "
+        "(default: .simplefsdp/reuse/ in the rootdir); a job's key names no folder of "
+        "the run or the rootdir, so checkouts and CI jobs of one machine may share one",
+        output_dir,
+        metavar="DIR",
+        matrix_only=False,
+    ),
+    Option(
         "known-failures",
         "string",
         None,
@@ -633,6 +644,7 @@ class Settings:
     compare: Path | str | None
     baseline: Path | None
     fresh: bool
+    reuse_dir: Path | None
     known_failures: Path | None
     gate: bool
     mutants: str | None

@@ -71,6 +71,26 @@ def _basetemp(tmp_path_factory):
     BASETEMP.append(str(tmp_path_factory.getbasetemp()))
 
 
+@pytest.fixture(scope="session")
+def _kept_jobs(tmp_path_factory):
+    """One reuse folder for the whole test run (both xdist workers: their basetemps' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kept-jobs"
+
+
+@pytest.fixture(autouse=True)
+def _real_sessions_share_kept_jobs(request, monkeypatch):
+    """The real tiers' inner sessions (and the main tier's runs in its checkout) keep their seeds and baselines in
+    one folder (--simplefsdp-reuse-dir): a job's key holds all it depends on, so a seed or baseline that several
+    tests' cells need is made once per test run, as in one user's runs, not once per test. Fresh per test run, so
+    every job is still made by this code; e2e tests (which time or count cold runs) keep their own."""
+    if request.node.get_closest_marker("real") is None or request.node.get_closest_marker("e2e") is not None:
+        return
+    shared = request.getfixturevalue("_kept_jobs")
+    addopts = os.environ.get("PYTEST_ADDOPTS", "")
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} -o simplefsdp_reuse_dir={shared}".strip())
+
+
 SLURM_UP = Path(__file__).parent / "slurm" / "up.sh"
 SLURM_LOCK = "/tmp/simplefsdp-slurm-up.lock"
 

@@ -5,15 +5,18 @@ evidence must fail for that axis. The run exits 0 and trains in each: only what 
 Each patch prints ``[injected] <axis> accepted and ignored`` into the rank logs where it acts; a run where it
 did not print is not a proof of anything, and the test says so."""
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_simplefsdp.paths import MATRIX_DIR
 
-from helpers import run_doc
+from helpers import cells_of
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is the system under test: pip install torchtitan==0.3.0")
 if not __import__("importlib.metadata").metadata.version("torchtitan").startswith("0.3."):
@@ -22,12 +25,15 @@ if not __import__("importlib.metadata").metadata.version("torchtitan").startswit
 pytestmark = pytest.mark.real
 
 IGNORED = 'getattr(__import__("torchtitan._ignored"), "_ignored").ignored'
-HELPER = '''import os, sys
+HELPER = '''import json, os, sys
 
 
 def ignored(axis):
-    """True (and says so in the rank's log) when this run is to accept ``axis`` and ignore it."""
-    hit = os.environ.get("SIMPLEFSDP_TEST_IGNORE") == axis
+    """True (and says so in the rank's log) when this rank's cell is to accept ``axis`` and ignore it:
+    $SIMPLEFSDP_TEST_IGNORE maps cell ids to the axis each ignores; the cell is the one whose evidence folder
+    (runs/<profile>/<cell>/evidence) the rank writes into."""
+    cell = os.path.basename(os.path.dirname(os.environ.get("SIMPLEFSDP_EVIDENCE_DIR", "")))
+    hit = json.loads(os.environ.get("SIMPLEFSDP_TEST_IGNORE", "{}")).get(cell) == axis
     if hit:
         print(f"[injected] {axis} accepted and ignored", file=sys.stderr, flush=True)
     return hit
@@ -187,26 +193,57 @@ def overlay(tmp_path_factory):
     return root
 
 
+# the injections in one session per group (one fork server preloads the overlay once), each in its own cell: pp and
+# pp_schedule act on the same cell, so pp_schedule runs in a session of its own
+GROUPS = [[axis for axis in INJECTIONS if axis != "pp_schedule"], ["pp_schedule"]]
+
+
+@pytest.fixture(scope="module")
+def runs(overlay, tmp_path_factory):
+    """axis -> the record of its cell, from the group's session in which that cell ignored that axis."""
+    found = {}
+    for n, group in enumerate(GROUPS):
+        folder = tmp_path_factory.mktemp(f"effects{n}")
+        out = folder / "run.json"
+        env = dict(os.environ, SIMPLEFSDP_TEST_IGNORE=json.dumps({INJECTIONS[axis][0]: axis for axis in group}))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")]))
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "--simplefsdp-matrix",
+                *(f"{overlay / 'cpu.yaml'}::{INJECTIONS[axis][0]}" for axis in group),
+                "--simplefsdp-confirm=1",
+                f"--simplefsdp-json={out}",
+                f"--simplefsdp-artifacts={folder / 'runs'}",
+            ],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+        cells = cells_of(out)
+        found.update({axis: cells[INJECTIONS[axis][0]] for axis in group})
+    return found
+
+
+# one worker runs them all: each would otherwise run the module's sessions again
+@pytest.mark.xdist_group("effects")
 @pytest.mark.parametrize("axis", list(INJECTIONS))
-def test_an_option_accepted_then_ignored_fails_its_axis_evidence(pytester, monkeypatch, overlay, axis):
-    cell_id, _, label = INJECTIONS[axis]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("SIMPLEFSDP_TEST_IGNORE", axis)
-    out = pytester.path / "run.json"
-    result = pytester.runpytest_subprocess(
-        "--simplefsdp-matrix",
-        f"{overlay / 'cpu.yaml'}::{cell_id}",
-        "--simplefsdp-confirm=1",
-        f"--simplefsdp-json={out}",
-        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
-        timeout=900,
-    )
-    cell = run_doc(out)["cells"][0]
+def test_an_option_accepted_then_ignored_fails_its_axis_evidence(runs, axis):
+    _, _, label = INJECTIONS[axis]
+    cell = runs[axis]
     logs = "".join(Path(p).read_text() for paths in cell["rank_logs"].values() for p in paths)
     assert f"[injected] {axis} accepted and ignored" in logs, f"inconclusive: the {axis} injection did not act"
+    others = [a for a in INJECTIONS if a != axis and f"[injected] {a} accepted" in logs]
+    assert not others, f"{cell['id']}: other injections acted too: {others}"
     assert sorted(cell["losses"]) == ["1", "2", "3"], cell["error_line"]  # it trained: only the evidence tells
-    result.assert_outcomes(failed=1)
-    assert cell["failure_class"] == "invalid_config", cell["error_line"]
+    assert cell["status"] == "failed" and cell["failure_class"] == "invalid_config", cell["error_line"]
     wrong = [e for e in cell["evidence"] if e["axis"] == label and not e["ok"]]
     assert wrong, f"no failing evidence for {label}: {cell['evidence']}"
     assert not any(e.get("infra") for e in wrong)

@@ -282,15 +282,15 @@ def test_a_kept_baseline_is_keyed_by_what_picks_the_hosts_cpu_kernels(monkeypatc
 
     command = RankCommand(["python", "-m", "x"], {"OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    first = reuse.content_key(command, tmp_path / "skip")
+    first = reuse.content_key(command, {"@cache": tmp_path / "skip"})
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-    assert reuse.content_key(command, tmp_path / "skip") != first
+    assert reuse.content_key(command, {"@cache": tmp_path / "skip"}) != first
     monkeypatch.setenv("OMP_NUM_THREADS", "8")  # the job sets it itself: the host's value changes nothing
-    capped = reuse.content_key(command, tmp_path / "skip")
+    capped = reuse.content_key(command, {"@cache": tmp_path / "skip"})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert reuse.content_key(command, tmp_path / "skip") == capped
+    assert reuse.content_key(command, {"@cache": tmp_path / "skip"}) == capped
     monkeypatch.setattr(reuse, "cpu_flags", lambda: ["avx2"])
-    assert reuse.content_key(command, tmp_path / "skip") != capped
+    assert reuse.content_key(command, {"@cache": tmp_path / "skip"}) != capped
 
 
 def test_a_small_parameters_change_is_judged_relative_to_itself():

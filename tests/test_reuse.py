@@ -87,3 +87,54 @@ def test_every_record_says_which_launcher_ran_it(run_matrix, pytester):
     doc = run_doc(out)
     # a script is not `python -m module`: the fork launcher hands it to the local one, and the record says so
     assert doc["meta"]["launcher"] == "fork" and doc["cells"][0]["launcher"] == "local"
+
+
+def test_a_reuse_dir_shared_by_two_rootdirs_serves_the_job_one_of_them_kept(run_matrix, pytester):
+    """--simplefsdp-reuse-dir: a baseline kept by a run in one rootdir is used by a run in another (the job's key
+    names neither rootdir: its .simplefsdp and the reuse folder are placeholders in it); the default stays per
+    rootdir."""
+    shared, other = pytester.mkdir("shared-reuse"), pytester.mkdir("other-checkout")
+    text = fake_matrix(modes=["pass", "perturb"], args=', "--delta", "0.000001"', extra=NUMERICS)
+
+    def run(n, *args):
+        out = pytester.path / f"run{n}.json"
+        result = run_matrix(text, f"--simplefsdp-json={out}", "-k", "perturb", *args)
+        result.assert_outcomes(passed=1)
+        return run_doc(out)["baselines"][0]
+
+    first = run(1, f"--simplefsdp-reuse-dir={shared}")
+    (kept,) = shared.glob("baseline-pass-r2-*")
+    assert first["reused_from"] is None and not (pytester.path / ".simplefsdp" / "reuse").exists()
+    elsewhere = run(2, f"--simplefsdp-reuse-dir={shared}", f"--rootdir={other}")
+    assert elsewhere["reused_from"] == str(kept), elsewhere
+    assert not (other / ".simplefsdp" / "reuse").exists()
+    alone = run(3, f"--rootdir={other}")  # its own reuse folder: made there
+    assert alone["reused_from"] is None and [p.name for p in (other / ".simplefsdp" / "reuse").glob("b*")] == [
+        kept.name
+    ]  # the same key in both folders
+
+
+def test_a_jobs_key_names_no_rootdir_or_reuse_folder_but_every_other_file(tmp_path):
+    """titan's jobs run in the rootdir's .simplefsdp and name its generated assets and a kept seed: the same job in
+    two rootdirs (or with two reuse folders) has one key; a file named outside them is hashed, path and bytes."""
+    from pytest_simplefsdp.store.reuse import content_key
+    from pytest_simplefsdp.targets.base import RankCommand
+
+    data = tmp_path / "tokenizer.json"
+    data.write_text("v1")
+
+    def key(rootdir, reuse=None, named=data):
+        cache = tmp_path / rootdir / ".simplefsdp"
+        kept = reuse or cache / "reuse"
+        (cache / "assets").mkdir(parents=True, exist_ok=True)
+        (cache / "assets" / "c4.json").write_text(rootdir)  # made by a generator the command names: not hashed
+        env = {"DATASET": str(cache / "assets" / "c4.json"), "TOKENIZER": str(named)}
+        argv = ["python", "-m", "torchtitan.train", "--checkpoint.initial_load_path", str(kept / "seed-llama3-0123")]
+        return content_key(RankCommand(argv, env, cwd=str(cache)), {"@reuse": kept, "@cache": cache})
+
+    assert key("a") == key("b") == key("c", reuse=tmp_path / "shared") == key("d", reuse=tmp_path / "shared")
+    other = tmp_path / "other.json"
+    other.write_text("v1")
+    assert key("a", named=other) != key("a")  # another file's path
+    data.write_text("v2")
+    assert key("b") != key("a", named=other) and len({key("a"), key("b")}) == 1  # its bytes

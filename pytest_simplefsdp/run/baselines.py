@@ -85,11 +85,14 @@ def load_stored(path):
 
 
 class Book:
-    def __init__(self, runner, store, run_dir: Path, cache_dir: Path, stored_path=None, fresh=False):
+    def __init__(self, runner, store, run_dir: Path, cache_dir: Path, stored_path=None, fresh=False, reuse_dir=None):
         self.runner, self.store, self.run_dir = runner, store, run_dir
         self.stored = load_stored(stored_path)
         self.cache_dir = Path(cache_dir)  # .simplefsdp: the plugin's own files (keyed by what made them)
-        self.kept = ReuseStore(self.cache_dir / "reuse", fresh)  # seeds and baseline jobs of earlier runs
+        # seeds and baseline jobs of earlier runs (--simplefsdp-reuse-dir: shared with other rootdirs)
+        self.kept = ReuseStore(Path(reuse_dir).absolute() if reuse_dir else self.cache_dir / "reuse", fresh)
+        # the folders a job's key writes as placeholders: files there are named by their own keys
+        self.roots = {"@reuse": self.kept.root, "@cache": self.cache_dir}
         self.lock = threading.RLock()  # cells may run in threads; each seed and baseline is made once
         self.seeds = {}  # (run name, model) -> Path | Unavailable
         self.seed_jobs = {}  # (run name, model) -> SeedJob | None: its key hashes files, so once per model
@@ -121,7 +124,7 @@ class Book:
             job = None
             if command is not None:
                 name = f"seed-{model}" + ("" if vset.installed else f"-{vset.slug()}")
-                key = content_key(self.runner.sets.apply(run, command, vset), self.cache_dir)
+                key = content_key(self.runner.sets.apply(run, command, vset), self.roots)
                 folder = self.kept.folder(name, key)
                 job = SeedJob(
                     model,
@@ -231,7 +234,7 @@ class Book:
     def baseline_key(self, run, cell, seed):
         """The content key of a baseline job (its command with placeholder folders; the seed's folder names
         the seed's own key)."""
-        return content_key(self.runner.command(run, cell, Path("@cell") / "dump", 0, seed), self.cache_dir)
+        return content_key(self.runner.command(run, cell, Path("@cell") / "dump", 0, seed), self.roots)
 
     def _run_baseline(self, run, base_axes, key, attempt=""):
         done = self.passed.get(key)

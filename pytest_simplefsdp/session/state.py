@@ -89,7 +89,7 @@ class MatrixSession:
         )
         if self.worker is None:
             self.store.history = self.history
-        self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh)
+        self.book = Book(self.runner, self.store, self.run_dir, self.cache_dir, s.baseline, s.fresh, s.reuse_dir)
         self.packer = None  # run.schedule.Packer under --simplefsdp-jobs
         self.phases = {}  # cell key -> [(what it waits for now, since)]: the progress line names it
         if not (s.dry_run or config.option.collectonly):  # (a usage error above, or what only lists cells: nothing)

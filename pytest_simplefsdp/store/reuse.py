@@ -1,11 +1,13 @@
 """Seed checkpoints and numerics baselines kept across runs (the numerics step's store, used by baselines.Book).
 
 A job's content key is a hash over everything its result depends on: the torch and torchtitan versions and
-git revisions, the installed torchtitan's code (a checkout's edits), what picks the host's CPU kernels, the job's command (arguments and environment, with the run's own folders written as
-placeholders), and the bytes of every file the command names (the shim and config modules on its
+git revisions, the installed torchtitan's code (a checkout's edits), what picks the host's CPU kernels, the job's
+command (arguments and environment, with the run's own folders, the rootdir's ``.simplefsdp`` and the reuse folder
+written as placeholders), and the bytes of every file the command names (the shim and config modules on its
 PYTHONPATH, the tokenizer and dataset, a config TOML). Each kept job is a folder named by its key under
-``.simplefsdp/reuse/`` (beside ``.simplefsdp/runs/``): a later run with the same key uses it instead of
-running the job again; ``--simplefsdp-fresh`` runs every job again and keeps the new result."""
+``.simplefsdp/reuse/`` (beside ``.simplefsdp/runs/``; ``--simplefsdp-reuse-dir`` names another, which several
+rootdirs may share): a later run with the same key uses it instead of running the job again; ``--simplefsdp-fresh``
+runs every job again and keeps the new result."""
 
 from __future__ import annotations
 
@@ -26,12 +28,12 @@ DONE = "reuse.json"  # written last: a folder without it is a job that did not f
 HASH_LIMIT = 256 * 2**20  # a named file bigger than this enters the key by size and mtime, not by its bytes
 
 
-def _hash_path(h, path: Path, skip: Path):
+def _hash_path(h, path: Path, roots: dict):
     files = (
         [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     )
     for f in files:
-        if skip in f.parents:
+        if any(root in f.parents for root in roots.values()):
             continue
         h.update(str(f).encode() + b"\0")
         st = f.stat()
@@ -41,8 +43,20 @@ def _hash_path(h, path: Path, skip: Path):
             h.update(f.read_bytes())
 
 
-def content_key(command, skip: Path) -> str:
-    """The key of a job run by ``command`` (a targets.RankCommand built with placeholder folders)."""
+def _placed(text: str, roots: dict) -> str:
+    """``text`` with each root folder written as its placeholder (the deepest first: the reuse folder may lie in the
+    cache folder), so a key names no folder of the run or the rootdir."""
+    for name, root in sorted(roots.items(), key=lambda kv: -len(str(kv[1]))):
+        text = text.replace(str(root), name)
+    return text
+
+
+def content_key(command, roots: dict) -> str:
+    """The key of a job run by ``command`` (a targets.RankCommand built with placeholder folders). ``roots``:
+    placeholder -> folder (the plugin's cache folder, the reuse folder): what lies there is named by its own key (a
+    kept seed) or made by what the command names (the generated assets), so it is neither hashed nor named by where
+    it lies: two rootdirs, or two checkouts sharing --simplefsdp-reuse-dir, give one job one key."""
+    roots = {name: Path(root) for name, root in roots.items()}
     h = hashlib.sha256()
     # the installed torchtitan's own code where the job runs it (a version set's environment is fixed by its pins):
     # an edited checkout keeps its version and install commit, and a baseline of the code before the edit is stale
@@ -50,20 +64,16 @@ def content_key(command, skip: Path) -> str:
     # and what picks the CPU kernels where the command leaves it to the host (its environment, its CPU's vector flags):
     # a baseline kept on another CPU, or under another oneDNN cap, has other bits
     host = {"env": {k: os.environ.get(k) for k in NUMERICS_ENV if k not in command.env}, "flags": cpu_flags()}
-    h.update(
-        json.dumps(
-            {
-                "argv": command.argv[1:],
-                "env": command.env,
-                "cwd": command.cwd,
-                "code": code,
-                "host": host,
-                "versions": versions(),
-                "revisions": machine()["revisions"],
-            },
-            sort_keys=True,
-        ).encode()
-    )
+    job = {
+        "argv": command.argv[1:],
+        "env": command.env,
+        "cwd": command.cwd,
+        "code": code,
+        "host": host,
+        "versions": versions(),
+        "revisions": machine()["revisions"],
+    }
+    h.update(_placed(json.dumps(job, sort_keys=True), roots).encode())
     named = set()
     for token in [*command.argv[1:], *command.env.values()]:
         for part in str(token).split(os.pathsep):
@@ -71,8 +81,8 @@ def content_key(command, skip: Path) -> str:
             if os.path.isabs(part) and os.path.exists(part) and Path(part) != Path(command.argv[0]):
                 named.add(Path(part))
     for path in sorted(named):
-        if skip != path and skip not in path.parents:  # a kept job another job names: its name is its key
-            _hash_path(h, path, skip)
+        if not any(root == path or root in path.parents for root in roots.values()):
+            _hash_path(h, path, roots)
     return h.hexdigest()[:16]
 
 
