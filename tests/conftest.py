@@ -87,6 +87,8 @@ def _real_sessions_share_kept_jobs(request, monkeypatch):
     if request.node.get_closest_marker("real") is None or request.node.get_closest_marker("e2e") is not None:
         return
     shared = request.getfixturevalue("_kept_jobs")
+    if "pytester" in request.fixturenames:  # (pytester drops PYTEST_ADDOPTS when it is set up: after it, then)
+        request.getfixturevalue("pytester")
     addopts = os.environ.get("PYTEST_ADDOPTS", "")
     monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} -o simplefsdp_reuse_dir={shared}".strip())
 
