@@ -43,12 +43,33 @@ def phases(folder: Path) -> dict | None:
     end = result.stat().st_mtime if result.is_file() else last
     if starts is None or not steps:
         return None
-    return dict(
+    got = dict(
         zip(
             PHASES,
             (first - launch, starts - first, steps[0] - starts, steps[-1] - steps[0], last - steps[-1], end - last),
         )
     )
+    got["span"] = (launch, last, end)  # (not a phase: what nested jobs are taken out of)
+    return got
+
+
+def nested(cells, jobs):
+    """A baseline job runs when the first cell compared with it needs it: after that cell's ranks, before its record.
+    Its wall is taken out of that cell's "ours after" (it is counted once, as a baseline)."""
+    for _, got in cells:
+        _, last, end = got["span"]
+        inside = sum(j["span"][2] - j["span"][0] for _, j in jobs if last <= j["span"][0] and j["span"][2] <= end)
+        got["ours after"] = max(0.0, got["ours after"] - inside)
+
+
+def seed_walls(run: Path) -> list:
+    """The seed jobs this run made (kept under .simplefsdp/reuse beside the runs): rank 0's first to last line."""
+    out = []
+    for log in sorted((run.parent.parent / "reuse").glob("seed-*/rank0.log")):
+        times = [t for t in map(stamp, log.read_text(errors="replace").splitlines()) if t is not None]
+        if times:
+            out.append((log.parent.name, max(times) - min(times)))
+    return out
 
 
 def main(argv=None):
@@ -66,6 +87,7 @@ def main(argv=None):
             if got is None:
                 continue
             (rows if not folder.name.startswith(("baseline-", "seed-")) else other).append((folder.name, got))
+        nested(rows, other)
         print(
             f"{run}: {len(cells)} cells recorded, {len(rows)} with a full log, {len(other)} baselines; "
             f"session span {session:.0f} s"
@@ -73,7 +95,7 @@ def main(argv=None):
         print("\njob | " + " | ".join(PHASES) + " | all")
         print("---|" + "---|" * (len(PHASES) + 1))
         for name, got in rows + other:
-            print(f"{name} | " + " | ".join(f"{got[k]:.1f}" for k in PHASES) + f" | {sum(got.values()):.1f}")
+            print(f"{name} | " + " | ".join(f"{got[k]:.1f}" for k in PHASES) + f" | {sum(got[k] for k in PHASES):.1f}")
         for label, group in (("cells", rows), ("baselines", other)):
             if group:
                 sums = {k: sum(g[k] for _, g in group) for k in PHASES}
@@ -86,10 +108,14 @@ def main(argv=None):
                     f"{label}, median per job: "
                     + ", ".join(f"{k} {statistics.median(g[k] for _, g in group):.1f} s" for k in PHASES)
                 )
-        busy = sum(sum(g.values()) for _, g in rows + other)
+        seeds = seed_walls(run)
+        if seeds:
+            print("\nseed checkpoints made (rank 0's log): " + ", ".join(f"{n} {w:.1f} s" for n, w in seeds))
+        busy = sum(sum(g[k] for k in PHASES) for _, g in rows + other) + sum(w for _, w in seeds)
         print(
-            f"\njobs' wall summed: {busy:.0f} s against a session span of {session:.0f} s (jobs run side by side "
-            "under --simplefsdp-jobs; the rest of the span is the harness's)"
+            f"\njobs' wall summed (cells, baselines, seeds): {busy:.0f} s against a session span of {session:.0f} s "
+            f"(the rest, {max(0.0, session - busy):.0f} s, is the harness's: collection, checks, between jobs, "
+            "reports; jobs run side by side under --simplefsdp-jobs)"
         )
     return 0
 

@@ -89,37 +89,11 @@ def pr_branch():
         subprocess.run([*GIT, "-C", str(CHECKOUT), "branch", "-qD", "gate-demo-base", "gate-demo-pr"], check=False)
 
 
-def test_a_pr_on_main_is_gated_against_its_base(pytester, pr_branch):
-    """llama3 eager passes (not rerun); llama3 aot_fx_trace fails here and passes on the base: new; deepseek_v3 EP
-    fails on both with the same signature: broken trunk. One new failure: the gate fails."""
-    base, _ = pr_branch
-    result, out = run_smoke(
-        pytester,
-        "--simplefsdp-base=gate-demo-base",
-        f"--simplefsdp-torchtitan-repo={CHECKOUT}",
-        "--simplefsdp-confirm=1",
-        "-rA",
-        timeout=2400,
-    )
-    result.assert_outcomes(passed=1, failed=1, xfailed=1)
-    cells = cells_of(out)
-    assert cells["llama3-dp2-eager"].get("gate") is None
-    new, trunk = cells["llama3-dp2-aot_fx_trace-mp_default"], cells["deepseek_v3-dp2-ep2-eager"]
-    assert new["gate"] == "new" and new["base"]["passed"] == new["base"]["runs"] == 1
-    assert "planted: aot_fx_trace refused for llama3" in new["error_line"]
-    assert trunk["gate"] == "broken trunk" and trunk["base"]["signatures"] == [trunk["signature"]]
-    assert "planted: expert parallelism refused" in trunk["signature"]
-    doc = json.loads(out.read_text())
-    assert doc["gate"]["counts"] == {"new": 1, "broken trunk": 1, "flaky": 0, "known": 0}
-    result.stdout.fnmatch_lines([f"*simplefsdp PR gate against base gate-demo-base ({base}): 1 new, 1 broken trunk*"])
-    # (issue 58: the same failure with a flaky past is still new when it fails every run its past asks for:
-    # tests/test_history.py, on the same gate and history store, with fake ranks)
-
-
 def test_a_pr_that_moves_every_layouts_numerics_is_reported_against_its_base(pytester):
-    """RMSNorm's eps 1e-5 -> 1e-3 moves every cell and its baseline alike: each smoke cell passes its own baseline,
-    and only the same cell on the base shows the change (--simplefsdp-base-numerics, report by default: the gate
-    passes)."""
+    """RMSNorm's eps 1e-5 -> 1e-3 moves every cell and its baseline alike: llama3's two smoke layouts each pass
+    their baseline (the traced cell's is the eager one, which moved too), and only the same cell on the base shows
+    the change (--simplefsdp-base-numerics, report by default: the gate passes). (deepseek_v3's smoke cell is left
+    out: the same mechanism, with its baseline and seed made on both sides, cost a third of the test.)"""
     head = subprocess.run(
         ["git", "-C", str(CHECKOUT), "rev-parse", "--abbrev-ref", "HEAD"], check=True, capture_output=True, text=True
     ).stdout.strip()
@@ -129,16 +103,21 @@ def test_a_pr_that_moves_every_layouts_numerics_is_reported_against_its_base(pyt
     try:
         plant(CHECKOUT, PLANT_EPS, branch="eps-demo-pr", replace=True)
         result, out = run_smoke(
-            pytester, f"--simplefsdp-base={start}", f"--simplefsdp-torchtitan-repo={CHECKOUT}", timeout=2400
+            pytester,
+            f"--simplefsdp-base={start}",
+            f"--simplefsdp-torchtitan-repo={CHECKOUT}",
+            "-k",
+            "llama3 and not spmd_types",
+            timeout=2400,
         )
-        result.assert_outcomes(passed=3)
+        result.assert_outcomes(passed=2)
         for cell in cells_of(out).values():
             moved = cell["base_numerics"]
             assert moved["changed"] and moved["beyond"] and moved["size"]["loss"] > 1e-6, (cell["id"], moved)
             assert cell["numerics"]["max_rel_diff"] <= 1e-4, cell["numerics"]  # its own baseline moved with it
         result.stdout.fnmatch_lines(
             [
-                "numerics vs the base: 3 of 3 passing smoke cell(s) compared changed",
+                "numerics vs the base: 2 of 2 passing smoke cell(s) compared changed",
                 "*llama3-dp2-eager: numerics changed vs the base*: largest relative change loss *",
             ]
         )
@@ -213,19 +192,29 @@ def in_checkout(tmp_path, *args, timeout=2400):
 REFUSED, OTHER = "RuntimeError: planted: expert parallelism refused", "ValueError: expert parallel all-to-all"
 
 
-def test_the_readme_gate_run_in_the_checkout_calls_a_pr_that_breaks_a_cell_new(tmp_path, ep_pr):
-    """The README's gate, word for word from the checkout's root: the base's ranks once imported the PR's working
-    tree, failed with the PR's error, and the new failure passed as broken trunk (exit 0)."""
-    _, base, _ = ep_pr
-    proc, out = in_checkout(tmp_path, "--simplefsdp-profile=cpu", "-m", "smoke", "--simplefsdp-base=ep-demo-base")
+def test_the_readme_gate_run_in_the_checkout_gates_a_pr_on_main_against_its_base(tmp_path, pr_branch):
+    """The README's gate, word for word from the checkout's root, on a PR on main: llama3 eager passes (not rerun);
+    llama3 aot_fx_trace fails here and passes on the base: new; deepseek_v3 EP fails on both with the same
+    signature: broken trunk. One new failure: the gate fails. The base's ranks run the base's own torchtitan (its
+    environment), not the PR's working tree the run starts in: had they imported the PR's, the traced cell would
+    fail there too, with the PR's error, and pass as broken trunk (as it once did)."""
+    base, _ = pr_branch
+    proc, out = in_checkout(tmp_path, "--simplefsdp-profile=cpu", "-m", "smoke", "--simplefsdp-base=gate-demo-base")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
-    cell = cells_of(out)["deepseek_v3-dp2-ep2-eager"]
-    assert cell["gate"] == "new" and cell["error_line"].startswith(OTHER), cell
+    cells = cells_of(out)
+    assert cells["llama3-dp2-eager"].get("gate") is None
+    new, trunk = cells["llama3-dp2-aot_fx_trace-mp_default"], cells["deepseek_v3-dp2-ep2-eager"]
+    assert new["gate"] == "new" and new["base"]["passed"] == new["base"]["runs"] == 1, new
+    assert "planted: aot_fx_trace refused for llama3" in new["error_line"]
+    assert trunk["gate"] == "broken trunk" and trunk["base"]["signatures"] == [trunk["signature"]]
     # the identity: the error and where it was raised (issue 58: broken trunk compares both)
-    assert cell["base"]["signatures"] == [f"{REFUSED} @ {PLANT_EP[0]}:parallelize_deepseekv3"], cell["base"]
-    proof = json.loads((Path(cell["base"]["folders"][0]) / "evidence" / "rank0.json").read_text())["imported"]
+    assert trunk["signature"] == f"{REFUSED} @ {PLANT_EP[0]}:parallelize_deepseekv3", trunk["signature"]
+    proof = json.loads((Path(new["base"]["folders"][0]) / "evidence" / "rank0.json").read_text())["imported"]
     assert proof["torchtitan"]["commit"].startswith(base) and "/.simplefsdp/envs/" in proof["torchtitan"]["file"]
-    assert "1 new, 0 broken trunk, 0 flaky, 0 known" in proc.stdout
+    assert json.loads(out.read_text())["gate"]["counts"] == {"new": 1, "broken trunk": 1, "flaky": 0, "known": 0}
+    assert f"simplefsdp PR gate against base gate-demo-base ({base}): 1 new, 1 broken trunk" in proc.stdout
+    # (issue 58: the same failure with a flaky past is still new when it fails every run its past asks for:
+    # tests/test_history.py, on the same gate and history store, with fake ranks)
 
 
 def test_a_twin_run_in_the_checkout_runs_its_other_side_on_that_commit(tmp_path, ep_pr):
