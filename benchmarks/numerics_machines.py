@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pytest_simplefsdp.run.baselines import param_stats  # noqa: E402
 from pytest_simplefsdp.shim.provenance import NUMERICS_ENV  # noqa: E402
-from pytest_simplefsdp.targets.titan03 import tensorboard_losses  # noqa: E402
+from pytest_simplefsdp.targets.base import tensorboard_losses  # noqa: E402
 
 PINS = [k for k in NUMERICS_ENV if k != "OMP_NUM_THREADS"]
 PYTHON = re.compile(r"(?<= )(\S+/python[\d.]*)(?= -m )")

@@ -52,7 +52,7 @@ DEGREES = (
         "dp_shard",
         "data_parallel_shard_degree",
         "FSDP (dp_shard > 1)",
-        ("fsdp", "dp_shard", "dp_shard_cp", "efsdp"),
+        ("fsdp", "dp_shard", "dp_shard_cp", "efsdp", "dp_shard_mod_ep"),  # 0.3: fsdp, efsdp; 0.2: dp_shard_cp, *_mod_ep
         SPLIT,
         True,
     ),
@@ -60,8 +60,9 @@ DEGREES = (
     Degree("ep", "expert_parallel_degree", "EP (ep > 1)", ("ep",), SPLIT, True),
     Degree("cp", "context_parallel_degree", "CP (cp > 1)"),  # folds into dp_shard's dimension
     Degree("pp", "pipeline_parallel_degree", "PP (pp > 1)"),  # a stage per rank: the target's stage evidence
-    Degree("etp", "expert_tensor_parallel_degree", "ETP (etp > 1)", eras=("titan02",)),
-)  # the seed era's
+    # the seed era's: routed experts split over tp's mesh dimension (with EP; the target's rules scope it)
+    Degree("etp", "expert_tensor_parallel_degree", "ETP (etp > 1)", ("tp",), SPLIT, True, eras=("titan02",)),
+)
 BY_AXIS = {d.axis: d for d in DEGREES}
 PLACED = tuple(d for d in DEGREES if d.dims)  # the degrees judge.layout reads per parameter
 BY_OPTION = {d.option: d.axis for d in DEGREES}  # upstream's configs, in the matrix's words

@@ -9,6 +9,7 @@ from packaging.version import Version
 
 from helpers import cells_of, run_doc
 
+pytestmark = pytest.mark.real  # (their sessions share one folder of kept seeds and baselines: tests/conftest.py)
 pytest.importorskip("torchtitan", reason="torchtitan 0.2 is the seed-era system under test (tox -e titan02)")
 TORCHTITAN = Version(metadata.version("torchtitan"))
 TORCH = Version(metadata.version("torch")).base_version
@@ -16,11 +17,12 @@ if TORCHTITAN.release[:2] != (0, 2):
     pytest.skip("these cells are torchtitan 0.2's (tox -e titan02, titan022)", allow_module_level=True)
 
 
-def test_the_seed_era_runs_as_shipped_with_its_own_option_names_and_no_forced_deterministic_mode(pytester):
-    """The installed release's names spell the flags (0.2.1 moved the seed under [debug] and chose SimpleFSDP's
-    bucketing pass by --compile.graph_passes; 0.2.0 keeps its own), deterministic mode is not forced on a profile
-    without numerics, and upstream's 1D+autobucketing cell runs its pass: it trains on 0.2.2, and on 0.2.0 stops at
-    the known nightly-only inductor config that PR 1965 removed."""
+def test_the_seed_era_runs_as_shipped_with_its_own_option_names_and_proves_its_label(pytester):
+    """The installed release's names spell the flags (0.2.1 moved the seed and deterministic mode under [debug] and
+    chose SimpleFSDP's bucketing pass by --compile.graph_passes; 0.2.0 keeps its own), the profile's numerics start
+    every cell from the seed checkpoint in deterministic mode, and upstream's 1D+autobucketing cell runs its pass: it
+    trains on 0.2.2, and on 0.2.0 stops at the known nightly-only inductor config that PR 1965 removed. The green cell
+    shows its label per parameter, per block and in memory (the probe runs in 0.2's ranks: issue 60)."""
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess(
         "--simplefsdp-matrix",
@@ -42,8 +44,16 @@ def test_the_seed_era_runs_as_shipped_with_its_own_option_names_and_no_forced_de
     for cell in cells.values():
         argv = commands[cell["id"]]
         assert ("--debug.seed 42" in argv) is new and ("--training.seed 42" in argv) is not new, argv
-        assert "--training.deterministic" not in argv and "--debug.deterministic" not in argv, argv
+        assert ("--debug.deterministic" in argv) is new and ("--training.deterministic" in argv) is not new, argv
+        assert "--checkpoint.initial_load_path" in argv and "/seed-" in argv, argv
         assert cell["versions"]["torch"].startswith(TORCH) and cell["versions"]["torchtitan"] == str(TORCHTITAN)
+    green = cells["deepseek_v3-dp2-eager"]
+    seen = {e["axis"]: (e["ok"], e["seen"]) for e in green["evidence"]}
+    assert all(ok for ok, _ in seen.values()), seen
+    assert seen["dp_shard=2"][1] == "83 of 83 parameters, 100.0% of bytes, on ranks 0, 1"
+    assert seen["ac=none"][1] == "none for blocks 0, 1, 2, 3, 4, 5 on ranks 0, 1"
+    assert seen["compile=eager"][1] == "eager on ranks 0, 1" and seen["memory"][1].startswith("within the padding")
+    assert green["invariants"]["steps"] == 3 and not green["invariants"].get("violation"), green["invariants"]
     argv = commands[bucketing["id"]]
     if new:
         assert "--compile.graph_passes auto_bucketing" in argv
@@ -54,8 +64,9 @@ def test_the_seed_era_runs_as_shipped_with_its_own_option_names_and_no_forced_de
         assert bucketing["known_failure"] == "seed-autobucketing-nightly-config"
 
 
-def test_seed_failure_hop_side_effect_is_xfailed_and_its_eager_twin_passes(pytester):
-    """SimpleFSDP + EP 2 + selective AC: compiled fails with the HOP side-effect error, eager passes."""
+def test_seed_failure_hop_side_effect_is_xfailed_and_its_eager_twin_trains_with_doubled_expert_gradients(pytester):
+    """SimpleFSDP + EP 2 + selective AC: compiled fails with the HOP side-effect error; eager trains, and its numerics
+    (issue 60) find every routed expert's gradient twice its baseline's: the known seed-ep-expert-grad-not-divided."""
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess(
         "--simplefsdp-matrix",
@@ -66,7 +77,7 @@ def test_seed_failure_hop_side_effect_is_xfailed_and_its_eager_twin_passes(pytes
         f"--simplefsdp-artifacts={pytester.path / 'runs'}",
         timeout=1200,
     )
-    result.assert_outcomes(passed=1, xfailed=1)
+    result.assert_outcomes(xfailed=2)
     result.stdout.fnmatch_lines(
         [
             "*simplefsdp: matrix/titan02-cpu.yaml profile=titan02-cpu target=titan02*",
@@ -86,11 +97,15 @@ def test_seed_failure_hop_side_effect_is_xfailed_and_its_eager_twin_passes(pytes
     assert "self.input_splits = input_splits.tolist()" in hop["error_text"]
     eager = cells["deepseek_v3-dp2-ep2-eager-ac_selective"]
     assert sorted(eager["losses"]) == ["1", "2", "3"] and eager["losses"]["3"] < eager["losses"]["1"]
+    assert eager["known_failure"] == "seed-ep-expert-grad-not-divided" and eager["failure_class"] == "numerics"
+    assert "moe.experts.w1: grad norm" in eager["error_line"] and ", ratio 2 (" in eager["error_line"]
+    assert all(e["ok"] for e in eager["evidence"]), eager["evidence"]  # the layout is what its label says
 
 
 def test_pp_runs_over_gloo(pytester):
     """torch 2.9's PP stage init sent int64 into a float32 buffer (pytorch PR 165539), which gloo refuses
-    (every PP cell aborted with "op.preamble.length <= op.nbytes. 8 vs 4"); torch 2.10 has the fix."""
+    (every PP cell aborted with "op.preamble.length <= op.nbytes. 8 vs 4"); torch 2.10 has the fix. The cell trains
+    its stages as a partition of the blocks; its experts' gradients are doubled (seed-ep-expert-grad-not-divided)."""
     out = pytester.path / "run.json"
     result = pytester.runpytest_subprocess(
         "--simplefsdp-matrix",
@@ -100,8 +115,39 @@ def test_pp_runs_over_gloo(pytester):
         f"--simplefsdp-artifacts={pytester.path / 'runs'}",
         timeout=900,
     )
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(xfailed=1)
     cell = run_doc(out)["cells"][0]
     assert sorted(cell["losses"]) == ["1", "2", "3"] and cell["losses"]["3"] < cell["losses"]["1"]
+    assert cell["known_failure"] == "seed-ep-expert-grad-not-divided"
+    stages = next(e for e in cell["evidence"] if e["axis"] == "pp=2")
+    assert stages["ok"] and stages["seen"].startswith("blocks 0,1,2 on ranks"), stages
     # the default launcher (auto: fork on CPU) does not fork 0.2, whose config manager binds sys.argv at import
     assert cell["launcher"] == "local" and any("ConfigManager.parse_args binds sys.argv" in d for d in cell["details"])
+
+
+def test_a_seed_era_label_not_applied_fails_its_evidence_and_a_changed_training_its_numerics(pytester):
+    """On deepseek_v3 dp2 compiled with selective AC, three bugs re-injected into 0.2's own code: AC left off the
+    first block (ac_partial: the same numbers, fewer activations recomputed), torch.compile skipped by parallelize
+    (compile_falls_back_to_eager: the same numbers, eager), and FSDP's reduce-scatter summing instead of averaging
+    (reduce_scatter_sum: AdamW's update barely moves, its gradients doubled). Before issue 60 the seed era's ranks
+    ran no probe and its profile no numerics: all three were green."""
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "-k",
+        "deepseek_v3-dp2-compiled-ac_selective",
+        "--simplefsdp-mutants=ac_partial,compile_falls_back_to_eager,reduce_scatter_sum",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=1200,
+    )
+    result.assert_outcomes(passed=3)
+    mutated = {m["mutant"]: m for m in run_doc(out)["mutants"]}
+    assert {k: (m["mutation"], m["killed_by"]) for k, m in mutated.items()} == {
+        "ac_partial": ("killed", "evidence (ac=selective)"),
+        "compile_falls_back_to_eager": ("killed", "evidence (compile=compiled)"),
+        "reduce_scatter_sum": ("killed", "grad_norm"),
+    }
+    assert "block 1: none on ranks 0, 1" in mutated["ac_partial"]["error_line"]
+    assert "eager on ranks 0, 1" in mutated["compile_falls_back_to_eager"]["error_line"]
+    assert "of baseline deepseek_v3-dp2-eager at step 1, ratio 2" in mutated["reduce_scatter_sum"]["error_line"]

@@ -323,18 +323,19 @@ def unchecked_degrees(profile, cache):
             if int(cell.axes.get(d.axis, 1)) > 1:
                 seen.add(d.axis)
                 said = [line for line in lines if line.startswith(f"{d.axis}=")]
-                if not said or ("not checked" in said[0]) != profile.startswith("titan02"):
+                if not said or "not checked" in said[0]:
                     unchecked.add(f"{d.axis} ({cell.id}): {said}")
     return seen, sorted(unchecked)
 
 
-@pytest.mark.parametrize("profile", ["cpu", "h100x8", "titan02-cpu", "titan02-h100x8"])
+@pytest.mark.parametrize("profile", ["cpu", "h100x8", "titan02-cpu", "titan02-h100x8", "titan02-h100x4"])
 def test_every_degree_a_shipped_profile_runs_has_an_evidence_check(profile, tmp_path):
     """degrees.py is the one table of degrees: a degree above 1 in any cell must be shown by the cell's evidence
-    (per parameter, or the target's own reader: CP's mesh, PP's stages), never run unchecked without a word: the
-    seed era's target, whose ranks run no probe, says so for each degree."""
+    (per parameter, or the target's own reader: CP's mesh, PP's stages), never run unchecked: the seed era's
+    included (etp, which only 0.2 has, among them)."""
     seen, unchecked = unchecked_degrees(profile, tmp_path)
-    assert seen >= {"dp_shard", "tp", "pp"} and unchecked == [], unchecked[:10]
+    assert seen >= {"dp_shard", "tp", "etp" if profile == "titan02-h100x4" else "pp"}, seen
+    assert unchecked == [], unchecked[:10]
 
 
 def test_a_degree_left_out_of_the_evidence_is_caught(tmp_path, monkeypatch):
@@ -343,3 +344,45 @@ def test_a_degree_left_out_of_the_evidence_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(titan03, "PLACED", tuple(d for d in titan03.PLACED if d.axis != "tp"))
     _, unchecked = unchecked_degrees("cpu", tmp_path)
     assert unchecked and all(u.startswith("tp (") for u in unchecked), unchecked[:5]
+
+
+def test_the_seed_eras_layout_is_read_per_parameter_as_0_3s(tmp_path):
+    """torchtitan 0.2's simple_fsdp lays deepseek_v3 dp2 tp2 ep2 (etp 1) out on its own mesh names (dp_shard_cp,
+    dp_shard_mod_ep for the experts' FSDP share, ep, tp); the records of a real run (torchtitan 0.2.0, the four ranks'
+    params and memory) show every degree of the label, etp's among them. The same records with the routed experts
+    also split over tp (as etp 2 would, the label saying 1) fail etp, and with one projection left unsharded over
+    dp_shard_cp fail dp_shard."""
+    matrix = load_matrix(ROOT / "matrix" / "titan02-cpu.yaml")
+    target = make_target(matrix, tmp_path / "cache")
+    cell = {c.id: c for c in expand(matrix)[0]}["deepseek_v3-dp2-tp2-ep2-eager"]
+    real = json.loads((ROOT / "tests" / "data" / "titan02_dp2_tp2_ep2_records.json").read_text())
+
+    def judge(name, change=lambda fqn, entry: entry):
+        ranks = []
+        for rank in range(4):
+            eff = real[str(rank)]["effects"]
+            ranks.append({**eff, "params": {fqn: change(fqn, list(e)) for fqn, e in eff["params"].items()}})
+        log_dir = write(tmp_path / name, ranks)
+        found = target.layout_evidence(cell, log_dir) + [target.memory(cell, log_dir).evidence()]
+        return {e.axis: e for e in found}
+
+    found = judge("real")
+    assert all(e.ok for e in found.values()), [e.line() for e in found.values() if not e.ok]
+    assert found["etp=1"].seen == "15 of 15 parameters, 100.0% of bytes, on ranks 0, 1, 2, 3"
+    assert found["dp_shard=2"].seen == "83 of 83 parameters, 100.0% of bytes, on ranks 0, 1, 2, 3"
+
+    def experts_over_tp(fqn, entry):
+        if ".moe.experts." in fqn:
+            entry[2], entry[3] = entry[2] // 2, {**entry[3], "tp": "Shardx2"}
+        return entry
+
+    found = judge("etp", experts_over_tp)
+    assert not found["etp=1"].ok and "layers.1.moe.experts.w1 over 2 on ranks 0, 1, 2, 3" in found["etp=1"].seen
+
+    def wq_whole(fqn, entry):
+        if fqn == "layers.0.attention.wq.weight":
+            entry[2], entry[3] = entry[2] * 2, {"tp": entry[3]["tp"]}
+        return entry
+
+    found = judge("whole", wq_whole)
+    assert not found["dp_shard=2"].ok and "82 of 83 parameters" in found["dp_shard=2"].seen

@@ -106,6 +106,26 @@ def test_a_heap_abort_names_glibcs_message_and_where_python_was():
     )
 
 
+def test_an_abort_at_exit_after_an_uncaught_exception_is_the_exception():
+    """torchtitan 0.2 HSDP + EP ranks failed to load the seed checkpoint (DCP's AssertionError on every rank), then
+    one of them aborted at exit ("terminate called without an active exception": a joinable thread destroyed while
+    the process left). The record said "rank 1 killed by SIGABRT", hiding the error a known-failure entry names; a
+    rank that dies so on its own, with no Python exception, stays a crash (test_identity)."""
+    from pytest_simplefsdp.judge.results import build_result
+    from pytest_simplefsdp.launch.spec import LaunchOutcome
+    from pytest_simplefsdp.spec.cells import Cell
+
+    log = DATA / "titan02_hsdp_ep_checkpoint_load.log"
+    outcome = LaunchOutcome(exit_codes={0: 1, 1: -6}, first_failed_rank=1, rank_logs={1: [str(log)]})
+    res = build_result(Cell("dpr2-dp2-ep2", {"mode": "x"}, 2, False, "m.yaml:1"), outcome, log.parent)
+    assert res.failure_class == "runtime" and res.failing_rank == 1
+    assert (
+        res.error_line
+        == "torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0, 1, 2, 3])"
+    )
+    assert "mismatch sizes torch.Size([2, 256, 256]) vs torch.Size([4, 256, 256])" in res.error_text
+
+
 def test_a_framed_cli_refusal_is_the_error_line_not_its_frame():
     """torchtitan after PR 4088 (grain) refuses --dataloader.dataset_path in tyro's framed box: the line that says
     so is the error, not the box's bottom border (a bisection over torchtitan commits showed it as

@@ -33,7 +33,8 @@ class Evidence:
 @dataclass(frozen=True)
 class Expect:
     """One thing a cell's label implies about its run: ``key`` of every rank's probe record is ``value`` (``each``:
-    the key maps each transformer block to a value, and every block's is ``value``)."""
+    the key maps each transformer block to a value, and every block's is ``value``; ``every`` N: only every N-th
+    block's, in the model's order, the others' ``default``, as layer-selective activation checkpointing wraps them)."""
 
     axis: str  # the label part, e.g. "tp=2"
     key: str  # "<section>.<name>" of the probe record, e.g. "effects.tp", "effects.memory_policy"
@@ -41,9 +42,15 @@ class Expect:
     default: str | None = None  # what an absent key means (no pipeline schedule ran, no graph was tagged)
     hooks: tuple = ()  # the probe's hooks that record the key (probe.hooks): one unattached, the key says nothing
     each: bool = False
+    every: int = 0
 
     def line(self):
-        return f"{self.axis} <- {self.key}{' of every block' if self.each else ''}"
+        blocks = f" of every {self.every}. block" if self.every else " of every block" if self.each else ""
+        return f"{self.axis} <- {self.key}{blocks}"
+
+    def want(self, position: int) -> str | None:
+        """The value block ``position`` (0-based, in the model's order) must show."""
+        return self.value if not self.every or (position + 1) % self.every == 0 else self.default
 
 
 def read_probes(folder: Path) -> dict:
@@ -104,13 +111,15 @@ def _each_block(e: Expect, records, ranks) -> Evidence:
     """Every block's value of ``e.key`` on every rank is ``e.value`` (a label applied to some blocks is not)."""
     section, _, name = e.key.partition(".")
     per = {r: records.get(r, {}).get(section, {}).get(name) or {} for r in ranks}
-    expected = f"{e.key} = {e.value} for every block on every rank"
+    which = f"every {e.every}. block ({e.default} on the others)" if e.every else "every block"
+    expected = f"{e.key} = {e.value} for {which} on every rank"
     if not any(per.values()):
         return Evidence(e.axis, expected, f"no block in {e.key} on ranks {', '.join(map(str, ranks))}", False)
     wrong: dict = {}
     for r, blocks in per.items():
-        for block, value in blocks.items() if blocks else [("(none)", "nothing")]:
-            if value != e.value:
+        ordered = sorted(blocks.items(), key=lambda kv: (len(kv[0]), kv[0])) if blocks else [("(none)", "nothing")]
+        for position, (block, value) in enumerate(ordered):
+            if value != e.want(position):
                 wrong.setdefault(f"block {block}: {value}", []).append(r)
     if wrong:
         return Evidence(
@@ -120,8 +129,9 @@ def _each_block(e: Expect, records, ranks) -> Evidence:
             False,
         )
     blocks = sorted({b for v in per.values() for b in v}, key=lambda b: (len(b), b))
+    which = f"for every {e.every}. block and {e.default} for the others of blocks" if e.every else "for blocks"
     return Evidence(
-        e.axis, expected, f"{e.value} for blocks {', '.join(blocks)} on ranks {', '.join(map(str, ranks))}", True
+        e.axis, expected, f"{e.value} {which} {', '.join(blocks)} on ranks {', '.join(map(str, ranks))}", True
     )
 
 

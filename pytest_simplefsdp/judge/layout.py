@@ -182,7 +182,9 @@ class Memory:
                 if kind == "optimizer" and not r.get("adam"):
                     continue  # AdamW's two moments per parameter; another optimizer's state is only reported
                 if abs(r[kind] - want) > slack:
-                    out.append(f"rank {rank} holds {r[kind]} bytes of {kind}, expected {want} (+-{slack})")
+                    unlike = r.get("grads_unlike") if kind == "grads" else None
+                    which = f" ({', '.join(unlike[:2])} elements: a gradient unlike its parameter)" if unlike else ""
+                    out.append(f"rank {rank} holds {r[kind]} bytes of {kind}, expected {want} (+-{slack}){which}")
         return out
 
     def evidence(self) -> Evidence:
@@ -229,7 +231,7 @@ def memory(axes: dict, records: dict, ranks, rules=()) -> Memory | None:
         expected, allowance = expected_bytes(axes, params, rules)
         adam = any(name.startswith("Adam") for name in held.get("optimizer_class", ()))
         out[rank] = {
-            **{k: held.get(k) for k in ("params", "grads", "optimizer", "peak")},
+            **{k: held.get(k) for k in ("params", "grads", "optimizer", "peak", "grads_unlike")},
             "expected": expected,
             "allowance": allowance,
             "adam": adam,

@@ -123,6 +123,43 @@ TITAN03 = (
 )
 
 
+def _seed_compiled(a):
+    return a.get("compile", "eager") == "compiled"
+
+
+def _also(name, applies):
+    """TITAN03's mutant ``name`` (the shim implements it for 0.2 too), on a titan02 cell where ``applies``."""
+    m = next(m for m in TITAN03 if m.name == name)
+    return Mutant(m.name, m.bug, applies)
+
+
+# torchtitan 0.2 experiments/simple_fsdp (the seed era): the bugs acting inside the training step, as on 0.3, and the
+# layout bugs the shim re-injects into 0.2's own code (its data_parallel, apply_ac, pipeline split, torch.compile);
+# 0.3's tp_partial, ep_partial and replicate_partial patch 0.3's module sharding protocol, which 0.2 does not have
+RUNTIME = {  # act at a moment of the training step (shim/probes.py calls them): one implementation for 0.2 and 0.3
+    "expert_grad_divide",
+    "reduce_scatter_sum",
+    "dropped_grad",
+    "pp_stage_skips_backward",
+    "expert_placement",
+    "lost_update",
+    "update_lost_from_step2",
+    "lr_skew_from_step2",
+    "optimizer_state_lost_at_step2",
+}
+TITAN02 = (
+    *(m for m in TITAN03 if m.name in RUNTIME),
+    _also("pp_partial", lambda a: a.get("pp", 1) > 1),
+    _also("fsdp_partial", lambda a: a.get("dp_shard", 1) > 1 and a.get("dp_replicate", 1) == 1 and a.get("tp", 1) == 1),
+    _also("compile_falls_back_to_eager", _seed_compiled),
+    Mutant(
+        "ac_partial",
+        "activation checkpointing wraps every transformer block but the first (its activations all kept)",
+        lambda a: a.get("ac", "none") != "none",
+    ),
+)
+
+
 def parse_names(value: str, known: tuple) -> list:
     """``all`` or comma-separated names -> the Mutant records; ValueError names an unknown one."""
     by_name = {m.name: m for m in known}

@@ -51,6 +51,7 @@ CONFIG_TEXT = ("Unrecognized option", "usage:", "Unrecognized arguments", "is no
 
 # what a native crash prints before the signal (the first one names the cause): C++ terminate, glibc's heap
 # checks ("malloc(): unaligned tcache chunk detected", "free(): invalid pointer"), assertions
+TEARDOWN_ABORT = "terminate called without an active exception"
 CRASH_HINT = re.compile(
     r"(?m)^.*(terminate called|what\(\):|double free|corrupted|Assertion .* failed).*$"
     r"|^(?:malloc|free|realloc|calloc|munmap_chunk|malloc_consolidate|tcache_thread_shutdown"
@@ -217,8 +218,10 @@ def last_exception(text):
         return None
     first = lines[i].strip()
     message = [first]
-    # dynamo's messages have sections, one or two blank lines apart (torch 2.10), then a closing hint
-    sections = first.startswith("torch._dynamo.exc.")
+    # dynamo's messages have sections, one or two blank lines apart (torch 2.10), then a closing hint; DCP's
+    # CheckpointException is followed by each rank's own traceback "(RANK N)", which holds the cause
+    ranks = first.startswith("torch.distributed.checkpoint.api.CheckpointException")
+    sections = ranks or first.startswith("torch._dynamo.exc.")
     blanks = 0
     for line in lines[i + 1 : i + 80]:
         stripped = line.strip()
@@ -228,7 +231,8 @@ def last_exception(text):
             or blanks > 2
             or stripped.startswith("Set TORCHDYNAMO_VERBOSE")
             or (not sections and not line.startswith((" ", "\t")))  # another process's output
-            or stripped.startswith(("[titan]", "[rank", TRACEBACK))
+            or stripped.startswith(("[titan]", "[rank"))
+            or (stripped.startswith(TRACEBACK) and not (ranks and "(RANK " in stripped))
             or stripped.startswith(CHAIN_MARKERS)
             or re.match(r"^\[?[A-Z]\d{4} ", stripped)
         ):
@@ -480,13 +484,16 @@ def _rank_failure(outcome, texts, failed=None):
     if failed is not None and failed in texts:
         code, text = outcome.exit_codes.get(failed), texts[failed]
         exc = last_exception(text)
-        if code is not None and code < 0 and code != -signal.SIGTERM:
-            hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(text)), None)
+        hint = next((m.group(0).strip() for m in CRASH_HINT.finditer(text)), None)
+        # a joinable C++ thread destroyed at exit aborts a rank already leaving on an uncaught Python exception: the
+        # exception is the failure, the abort its consequence (0.2's DCP load error ended ranks so on gloo)
+        leaving = bool(exc) and hint == TEARDOWN_ABORT
+        if code is not None and code < 0 and code != -signal.SIGTERM and not leaving:
             line = f"rank {failed} killed by {signal_name(code)}" + (f": {hint}" if hint else "")
             site = crash_site(text)
             return FailureClass.CRASH, line, failed, line + (f"{CRASH_SITE}{site}" if site else "")
         if exc:
-            return classify(exc[0], exc[2], code), exc[0], failed, exc[1]
+            return classify(exc[0], exc[2], None if leaving else code), exc[0], failed, exc[1]
         line = fallback_error(text) or f"rank {failed} exited with code {code}"
         return classify(line, "", code), line if code is None else f"exit code {code}: {line}", failed, line
     if outcome.launcher_exit not in (0, None) or failed is not None:

@@ -10,10 +10,12 @@ accepted and then ignored no longer passes as its label (judge.evidence compares
   (and the device's peak where it reports one: CUDA's allocator);
 * ``data_parallel``: how data parallelism reached the parameters: SimpleFSDP's parametrization, FSDP2's
   ``fully_shard``, or none; ``trainer``: the class whose ``train_step`` ran;
-* ``compile``: what ran step 1: a traced graph (aot_fx_trace), a model torch.compile wrapped whose graphs dynamo
-  compiled (jit), or neither (eager); ``jit_backend``: inductor where inductor compiled any graph, else aot_eager;
+* ``compile``: what ran step 1: a traced graph (aot_fx_trace), a model torch.compile wrapped (0.3's jit: the
+  module's compile; 0.2: ``torch.compile(model)``) whose graphs dynamo compiled (jit), or neither (eager); ``jit_backend``: inductor where inductor compiled any graph, else aot_eager;
 * ``memory_policy``: the recompute tags the traced graph carries into rematerialisation, read as the policy that
   writes them (``tags``: the counts), and ``block_policy`` the same per transformer block of the graph;
+* ``block_ac``: each transformer block's activation checkpointing, from the checkpoint wrappers around it (0.2's
+  ``activation_checkpoint``): full, op (a selective per-op policy), part (wrappers inside the block only) or none;
 * ``inductor_compilation``: the terminal inductor pass that ran on the traced graph (full or regional);
 * ``pp_schedule``: the class of the pipeline schedule whose ``step`` ran (and ``pp_actions``: its actions here);
 * ``spmd_backend``: the SPMD backend the trainer set for the run (torchtitan's ``get_spmd_backend()`` at step 1).
@@ -68,6 +70,12 @@ def memory(trainer, params) -> dict:
         "optimizer": sum(_bytes(v) for v in state),
         "peak": peak,
         "optimizer_class": sorted({type(o).__name__ for o in getattr(trainer.optimizers, "optimizers", [])}),
+        # parameters whose local gradient is not the size of their local shard (a gradient left unreduced or whole)
+        "grads_unlike": sorted(
+            f"{fqn} ({local(p.grad).numel()} vs {local(p).numel()}, placed {placements(p.grad) or 'plain'})"
+            for fqn, p in params.items()
+            if p.grad is not None and local(p.grad).numel() != local(p).numel()
+        ),
     }
 
 
@@ -91,11 +99,21 @@ def layers(params) -> list:
     return sorted(held, key=lambda x: (len(x), x))
 
 
+def _parametrized(module) -> bool:
+    """SimpleFSDP's data parallelism on a module: its class made by SimpleFSDP's _register_parametrization, a
+    ``SimpleFSDP<class>`` whose parameters are properties (0.2's simple_fsdp models are classes named SimpleFSDP*
+    themselves, data parallel or not)."""
+    cls = type(module)
+    return cls.__name__.startswith("SimpleFSDP") and any(
+        isinstance(cls.__dict__.get(name), property) for name in module._parameters
+    )
+
+
 def data_parallel(trainer) -> str:
     from torch.distributed.fsdp import FSDPModule
 
     modules = [m for part in trainer.model_parts for m in part.modules()]
-    if any(type(m).__name__.startswith("SimpleFSDP") for m in modules):
+    if any(_parametrized(m) for m in modules):
         return "simplefsdp"
     if any(isinstance(m, FSDPModule) for m in modules):
         return "fsdp2"
@@ -113,13 +131,37 @@ def spmd_backend() -> str:
     return "partial_dtensor" if backend == "default" else backend
 
 
+def _clean(name) -> list:
+    return [x for x in name.split(".") if x not in ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")]
+
+
+def block_ac(trainer, params) -> dict:
+    """Block index -> how activation checkpointing wraps it (every block the rank holds)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.utils.checkpoint import noop_context_fn
+
+    out = dict.fromkeys(layers(params), "none")
+    for part in trainer.model_parts:
+        for name, m in part.named_modules():
+            parts = _clean(name)
+            if not isinstance(m, CheckpointWrapper) or len(parts) < 2 or parts[0] != "layers":
+                continue
+            context = getattr(m.checkpoint_fn, "keywords", {}).get("context_fn", noop_context_fn)
+            kind = "full" if context is noop_context_fn else "op"
+            out[parts[1]] = kind if len(parts) == 2 else "part"
+    return out
+
+
 def at_first_step(trainer, params, traced: bool):
     """What the parallelised model and step 1 show (the probe calls it once, after step 1)."""
     from torch._dynamo.utils import counters
 
     graphs = counters["stats"]["unique_graphs"]
+    from torch._dynamo.eval_frame import OptimizedModule
+
     wrapped = sum(
-        getattr(m, "_compiled_call_impl", None) is not None  # nn.Module.compile, as jit applies it
+        getattr(m, "_compiled_call_impl", None) is not None  # nn.Module.compile, as 0.3's jit applies it
+        or isinstance(m, OptimizedModule)  # torch.compile(model), as 0.2 applies it
         for part in trainer.model_parts
         for m in part.modules()
     )
@@ -139,6 +181,7 @@ def at_first_step(trainer, params, traced: bool):
             "inductor_graphs": _INDUCTOR["graphs"],
             "jit_backend": "inductor" if _INDUCTOR["graphs"] else "aot_eager",
             "spmd_backend": spmd_backend(),
+            "block_ac": block_ac(trainer, params),
         },
     )
 

@@ -118,7 +118,26 @@ def compile_falls_back_to_eager():
 
         module.GraphTrainer.forward_backward_step = forward_backward_step
 
-    return 0  # (counted when the eager step runs)
+    # 0.2: simple_fsdp's parallelize wraps the model in torch.compile where compile.enable is set; it runs without
+    for name, fn in (("llama3", "parallelize_llama"), ("deepseek_v3", "parallelize_deepseekv3")):
+
+        @after_import(f"torchtitan.experiments.simple_fsdp.{name}.parallelize", "mutant:compile_falls_back_to_eager")
+        def uncompiled(module, fn=fn):
+            original = getattr(module, fn)
+
+            def parallelize(model, parallel_dims, job_config, *args, **kwargs):
+                asked = job_config.compile.enable
+                job_config.compile.enable = False
+                try:
+                    return original(model, parallel_dims, job_config, *args, **kwargs)
+                finally:
+                    job_config.compile.enable = asked
+                    if asked:
+                        _acted("compile_falls_back_to_eager")
+
+            setattr(module, fn, parallelize)
+
+    return 0  # (counted when the eager step runs; 0.2: when parallelize skipped the compile)
 
 
 def _acted(name):
@@ -143,7 +162,6 @@ def fsdp_partial():
     """SimpleFSDP shards every module but the output projection, which it replicates over the same mesh (its
     gradient all-reduced instead of reduce-scattered: the same training, the module held whole on every rank)."""
 
-    @after_import("torchtitan.experiments.graph_trainer.common_utils", "mutant:fsdp_partial")
     def partial(module):
         original = module.data_parallel
 
@@ -155,6 +173,30 @@ def fsdp_partial():
             return original(model, device_mesh, mode, *args, **kwargs)
 
         module.data_parallel = data_parallel
+
+    # 0.3's data_parallel, and 0.2's (its parallelize modules import the name after this patch replaced it)
+    for name in ("torchtitan.experiments.graph_trainer.common_utils", "torchtitan.experiments.simple_fsdp.simple_fsdp"):
+        after_import(name, "mutant:fsdp_partial")(partial)
+    return 0
+
+
+@mutant("ac_partial", "install")
+def ac_partial():
+    """Activation checkpointing wraps every transformer block but the first (0.2's apply_ac): its activations are all
+    kept, the numbers the same, less memory saved than the label says."""
+
+    @after_import("torchtitan.distributed.activation_checkpoint", "mutant:ac_partial")
+    def partial(module):
+        original, done = module._apply_ac_to_transformer_block, []
+
+        def _apply_ac_to_transformer_block(block, *args, **kwargs):
+            if not done:  # apply_ac's first block, once per process
+                done.append(True)
+                _acted("ac_partial")
+                return block
+            return original(block, *args, **kwargs)
+
+        module._apply_ac_to_transformer_block = _apply_ac_to_transformer_block
 
     return 0
 
@@ -328,7 +370,9 @@ def pp_partial():
 
         @after_import(name, "mutant:pp_partial")
         def partial(module):
-            module._generate_llm_fqn_per_model_part = drop_last(module._generate_llm_fqn_per_model_part)
+            for split in ("_generate_llm_fqn_per_model_part", "generate_llm_fqn_per_model_part"):  # 0.3, 0.2
+                if hasattr(module, split):
+                    setattr(module, split, drop_last(getattr(module, split)))
 
     return 0
 

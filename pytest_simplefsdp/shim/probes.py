@@ -1,4 +1,4 @@
-"""What the probe records in every titan03 rank (it changes nothing):
+"""What the probe records in every rank of a titan03 or titan02 cell (it changes nothing):
 
 * ``evidence``: what torchtitan was asked: the job config's compile and PP settings, the trainer class, the
   degrees and 1-D meshes of the ParallelDims it built (kept in the record beside what the run did, effects.py,
@@ -16,6 +16,11 @@ gate sees it."""
 from . import effects, gradmath, record
 from .hooks import ATTACHED, after_import, on_attach
 from .mutants import actor
+
+# where each generation's Trainer is reached: 0.3's class in torchtitan.trainer; 0.2's Trainer is defined in
+# torchtitan/train.py, which the launch runs as __main__ (no module to patch before its main runs): the instance is
+# taken where it hands itself to its CheckpointManager (``states={"train_state": self}``), before training starts
+TRAINERS = {"titan03": "torchtitan.trainer", "titan02": "torchtitan.components.checkpoint"}
 
 _WRAPPERS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 _STATE = {}  # "trainer": this rank's Trainer once training started; "traced": a traced graph was made (effects)
@@ -72,7 +77,11 @@ def evidence():
                 "degrees",
                 {k: getattr(self, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "world_size")},
             )
-            record.write("mesh", {name: m.size() for name, m in self.get_all_one_dimensional_meshes().items()})
+            if hasattr(self, "get_all_one_dimensional_meshes"):
+                meshes = {name: m.size() for name, m in self.get_all_one_dimensional_meshes().items()}
+            else:  # 0.2: one world mesh with named dimensions
+                meshes = dict(zip(world.mesh_dim_names or (), map(int, world.mesh.shape)))
+            record.write("mesh", meshes)
             return world
 
         module.ParallelDims.build_mesh = build_mesh
@@ -88,8 +97,9 @@ def evidence():
         module.TracedResult.__init__ = __init__
 
 
-def training(grads: bool, invariants: bool, mutant: str | None):
-    """The train-step probe: ``grads`` (the gradient probe), ``invariants`` (every step's), ``mutant`` (its bug)."""
+def training(grads: bool, invariants: bool, mutant: str | None, generation="titan03"):
+    """The train-step probe: ``grads`` (the gradient probe), ``invariants`` (every step's), ``mutant`` (its bug), on
+    the Trainer of ``generation`` (TRAINERS)."""
     act = actor(mutant)
     act("install")
 
@@ -115,10 +125,7 @@ def training(grads: bool, invariants: bool, mutant: str | None):
 
         module.clip_grad_norm_ = clip_grad_norm_  # trainer.py calls it as dist_utils.clip_grad_norm_
 
-    @after_import("torchtitan.trainer", "train_step")
-    def step(module):
-        original = module.Trainer.train_step
-
+    def wrap(original):
         def train_step(self, *args, **kwargs):
             if "trainer" not in _STATE:  # the checkpoint is loaded: these are the weights step 1 starts from
                 _STATE["trainer"] = self
@@ -139,7 +146,31 @@ def training(grads: bool, invariants: bool, mutant: str | None):
                 effects.at_first_step(self, named_params(self), bool(_STATE.get("traced")))
             return out
 
-        module.Trainer.train_step = train_step
+        return train_step
+
+    if generation == "titan03":
+
+        @after_import(TRAINERS[generation], "train_step")
+        def step(module):
+            module.Trainer.train_step = wrap(module.Trainer.train_step)
+
+    else:
+
+        @after_import(TRAINERS[generation], "train_step")
+        def instance(module):
+            import inspect
+            import types
+
+            original = module.CheckpointManager.__init__
+
+            def __init__(self, *args, **kwargs):
+                original(self, *args, **kwargs)
+                states = inspect.signature(original).bind(self, *args, **kwargs).arguments.get("states") or {}
+                trainer = states.get("train_state")
+                if trainer is not None and "train_step" not in vars(trainer):
+                    trainer.train_step = types.MethodType(wrap(type(trainer).train_step), trainer)
+
+            module.CheckpointManager.__init__ = __init__
 
 
 def _watch(trainer, act, invariants):

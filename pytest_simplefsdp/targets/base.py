@@ -13,9 +13,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..commands import RankCommand
-from ..judge.evidence import check
+from ..judge.evidence import check, read_probes
+from ..judge.layout import degree_evidence, memory, stage_evidence
+from ..judge.numerics import lane_for
 from ..machine import TRAINERS, installed, source_checkout, torchtitan_trainers
-from ..paths import FIXTURES, SHIM_DIR
+from ..paths import FIXTURES, SHIM_DIR, probe_folder
 from ..spec.matrix import Matrix, MatrixError
 from ..spec.paths import load_rules, map_file
 from ..spec.upstream import options, tokens
@@ -228,13 +230,14 @@ class TorchtitanTarget(Target):
         # version set label -> the Python of its built environment, or None (set by the session: run.sets.VersionSets)
         self.python_for = None
 
-    def run_flags(self, steps, local_batch):
+    def run_flags(self, steps, local_batch, axes=None):
         """Our run settings and where the assets are (steps and batch given: upstream runs and numerics set them),
         in the generation's option names (RUN_OPTIONS)."""
         s, name = self.matrix.settings, self.RUN_OPTIONS
         # deterministic mode only where numerics compare the cell's losses: it is a mode its users do not train in,
         # and it changes what runs (inductor refuses the seed era's auto_bucketing pass under it)
-        deterministic = [Flag(name["deterministic"], True, "numerics")] if self.matrix.numerics else []
+        compared = self.matrix.numerics if axes is None else self.compared(axes)
+        deterministic = [Flag(name["deterministic"], True, "numerics")] if compared else []
         return [
             Flag("training.steps", steps, "setting steps"),
             Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
@@ -439,3 +442,100 @@ class TorchtitanTarget(Target):
             for key, value in self.feature_options(axes, run).items()
             if key != "config"
         ]  # (the config is the job config the command starts from: job_config)
+
+    # --- the probe and numerics (both generations' ranks run the shim's probe: shim/probes.py) ---------------------
+
+    LAYOUT_RULES: tuple = ()  # judge.layout.Rule: the parameters the generation's plans lay out otherwise, and why
+
+    def compared(self, axes) -> bool:
+        """Whether the profile's numerics compare the cell (a lane takes it): only such a cell starts from the seed
+        checkpoint, on the global batch, in deterministic mode."""
+        numerics = self.matrix.numerics
+        return bool(numerics) and lane_for(numerics.lanes, axes) is not None
+
+    def probe_env(self) -> dict:
+        """What every rank's probe records: its evidence and effects; on the real tier every optimizer step's exact
+        invariants (judge.invariants); with numerics each parameter's norms (numerics.compare_params)."""
+        env = {"SIMPLEFSDP_PROBE": self.name}
+        if self.matrix.tier == "real":
+            env["SIMPLEFSDP_INVARIANTS"] = "1"
+            if self.matrix.numerics:
+                env["SIMPLEFSDP_GRAD_PROBE"] = "1"
+        return env
+
+    def probed_ranks(self, cell) -> list:
+        """The ranks whose records judge the cell: the trace tier runs one."""
+        return [self.matrix.trace["rank"]] if self.matrix.tier == "trace" else list(range(cell.world))
+
+    def layout_evidence(self, cell, log_dir: Path) -> list:
+        """Every degree of the label per parameter on every rank, and PP's stages as a partition of the blocks
+        (not on the trace tier: one rank holds one stage)."""
+        ranks, records = self.probed_ranks(cell), read_probes(probe_folder(log_dir))
+        found = degree_evidence(cell.axes, records, ranks, self.LAYOUT_RULES)
+        if int(cell.axes.get("pp", 1)) > 1 and self.matrix.tier != "trace":
+            found.append(stage_evidence(cell.axes, records, ranks))
+        return found
+
+    def memory(self, cell, log_dir: Path):
+        """The bytes every rank held after step 1 against the layout (judge.layout.Memory; None: none recorded)."""
+        return memory(cell.axes, read_probes(probe_folder(log_dir)), self.probed_ranks(cell), self.LAYOUT_RULES)
+
+    def losses(self, dump_folder: Path):
+        """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
+        return tensorboard_losses(dump_folder)
+
+    def numerics_flags(self, cell, seed_folder: Path | None) -> tuple[list, int]:
+        """(flags, local batch) of a comparable run: one global batch, one seed checkpoint (a resumed cell loads its
+        own); without numerics none, and the setting's local batch."""
+        a, local_batch = cell.axes, self.matrix.settings.get("local_batch_size", 2)
+        if not self.compared(a):
+            return [], local_batch
+        gbs = self.matrix.numerics.global_batch_size
+        local_batch = max(1, gbs // (a.get("dp_replicate", 1) * a.get("dp_shard", 1)))
+        local_batch = a.get("pp_microbatch", local_batch)  # a PP cell's baseline: its microbatches (baseline_axes)
+        flags = [
+            Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
+            Flag("metrics.enable_tensorboard", True, "numerics"),
+        ]
+        if seed_folder is not None and self.runs(cell) == 1:
+            flags += [
+                Flag("checkpoint.enable", True, "numerics"),
+                Flag("checkpoint.initial_load_path", seed_folder / "checkpoint" / "step-0", "numerics"),
+                Flag("checkpoint.load_only", True, "numerics"),
+            ]
+        return flags, local_batch
+
+    BASELINE_PP_MICROBATCH = True  # a PP cell's baseline runs its microbatches as gradient accumulation
+
+    def baseline_axes(self, axes):
+        """A cell's numerics baseline: same model and data-parallel degree (so the same data shards), SimpleFSDP
+        alone (every other degree 1), plus the matrix's baseline values."""
+        base = {axis: (1 if axis in self.DEGREE_FLAGS else value) for axis, value in axes.items()}
+        base["dp_shard"] = axes.get("dp_replicate", 1) * axes.get("dp_shard", 1)
+        if "pp_schedule" in base:
+            base["pp_schedule"] = "none"
+        if axes.get("pp", 1) > 1:  # the same microbatches, as gradient accumulation: torchtitan main packs one row
+            # per dataloader batch (upstream 1460458), so 8 PP microbatches of 256 tokens hold other tokens than one
+            # 2048-token batch would; on 0.3.0 and 0.2 it changes only the order of the sums
+            base["pp_microbatch"] = 1
+        base.update(self.matrix.numerics.baseline)
+        return base
+
+
+def tensorboard_losses(dump_folder: Path, tag="loss_metrics/global_avg_loss"):
+    """Full-precision losses from torchtitan's TensorBoard events (the log prints 5 decimals)."""
+    files = sorted(Path(dump_folder).rglob("events.out.tfevents.*"))
+    if not files:
+        return {}
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return {}
+    losses = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            for event in acc.Scalars(tag):
+                losses[int(event.step)] = float(event.value)
+    return losses

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..degrees import DEGREES, flags
+from ..degrees import PLACED, flags
+from ..judge.evidence import Expect, check
+from ..judge.layout import Rule
+from ..judge.mutants import TITAN02 as TITAN02_MUTANTS
 from ..paths import FIXTURES
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
@@ -17,7 +20,9 @@ class Titan02(TorchtitanTarget):
 
     TOML job config (ours: fixtures/titan02_debugmodel.toml), ``--model.name simple_fsdp.<model>``,
     ``--compile.enable``, ``--activation_checkpoint.mode``, a separate expert-TP degree; flags are
-    checked against the installed ``JobConfig``. Numerics are not wired for 0.2 (no seed checkpoint)."""
+    checked against the installed ``JobConfig``. Its ranks run the shim's probe as 0.3's do (shim/probes.py finds
+    0.2's Trainer through its CheckpointManager): evidence per parameter, memory, invariants, and numerics from a seed
+    checkpoint."""
 
     name = "titan02"
     PATHS = "titan02"
@@ -50,25 +55,124 @@ class Titan02(TorchtitanTarget):
         "versions": FILE_DEFINED,  # the version sets the cells run on (matrix key `versions`, --simplefsdp-versions)
         "upstream": FILE_DEFINED,
     }
+    MUTANTS = TITAN02_MUTANTS
     MODEL_KEYS = ("name", "flavor")
     MODEL_OPTIONAL = ("moe",)
     DEGREE_FLAGS = flags(name)  # axis -> torchtitan option (degrees.py, the one table)
     JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
 
     def evidence_lines(self, cell) -> list:
-        """The seed era's ranks run no probe (shim/probes.py is titan03's): a green shows its exit and losses only,
-        and the dry run says so for each degree of its label."""
+        a = cell.axes
         return [
             *super().evidence_lines(cell),
-            *(
-                f"{d.axis}={cell.axes[d.axis]} <- not checked: the seed era's ranks run no probe"
-                for d in DEGREES
-                if int(cell.axes.get(d.axis, 1)) > 1
-            ),
+            *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
+            *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
+            "memory <- effects.memory against the layout",
         ]
 
+    def data_parallel(self, axes) -> str:
+        """What 0.2's simple_fsdp parallelize applies: data_parallel where FSDP, EP or DDP is on (a TP- or PP-only
+        layout keeps plain parameters)."""
+        dp = int(axes.get("dp_replicate", 1)) * int(axes.get("dp_shard", 1)) * int(axes.get("cp", 1))
+        return "simplefsdp" if dp > 1 or int(axes.get("ep", 1)) > 1 else "none"
+
+    def evidence_plan(self, cell):
+        """What the run did, from the shim's effects probe (shim/effects.py): the compile mode from what ran step 1
+        (0.2 compiles the whole model with torch.compile: dynamo's graphs), its backend from whether inductor compiled,
+        SimpleFSDP from the modules' parametrization, activation checkpointing from the wrappers around each block,
+        the PP schedule from the schedule whose step ran, CP from the mesh built."""
+        a, plan = cell.axes, []
+        step, schedule, mesh = ("train_step",), ("schedule",), ("mesh",)
+        if "cp" in a:
+            plan.append(Expect(f"cp={a['cp']}", "mesh.cp", str(a["cp"]), default="1", hooks=mesh))
+        mode = a.get("compile", "eager")
+        plan.append(Expect(f"compile={mode}", "effects.compile", "jit" if mode == "compiled" else "eager", hooks=step))
+        if mode == "compiled":
+            backend = a.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
+            label = f"backend={backend}" if "backend" in a else f"compile_backend={backend}"
+            plan.append(Expect(label, "effects.jit_backend", backend, hooks=step))
+        plan.append(Expect(f"model={a['model']}", "effects.data_parallel", self.data_parallel(a), hooks=step))
+        ac = a.get("ac", "none")
+        block = {"none": "none", "full": "full", "op": "op", "selective": "full"}[ac]
+        every = int(self.SELECTIVE_LAYERS) if ac == "selective" else 0  # layer SAC: every N-th block, fully
+        plan.append(Expect(f"ac={ac}", "effects.block_ac", block, default="none", hooks=step, each=True, every=every))
+        if int(a.get("pp", 1)) > 1:
+            plan.append(
+                Expect(
+                    f"pp_schedule={a['pp_schedule']}",
+                    "effects.pp_schedule",
+                    f"Schedule{a['pp_schedule']}",
+                    default="none",
+                    hooks=schedule,
+                )
+            )
+        return plan
+
+    # 0.2's default --activation_checkpoint.selective_ac_option: layer SAC wraps every 2nd block (ac=op: per op)
+    SELECTIVE_LAYERS = "2"
+
+    def evidence(self, cell, log_dir: Path):
+        return check(self.evidence_plan(cell), log_dir, self.probed_ranks(cell)) + self.layout_evidence(cell, log_dir)
+
+    EXPERTS = ("*.moe.experts.*",)
+    # the parameters 0.2's simple_fsdp plans lay out otherwise than a degree's label says, and why
+    LAYOUT_RULES = (
+        Rule(
+            "dp_shard",
+            EXPERTS,
+            "routed experts are split over dp_shard_mod_ep x ep, and EP borrows cp (and tp where etp is 1) and "
+            "some of dp_shard: their FSDP share is the rest",
+            size=lambda a: (
+                int(a.get("dp_shard", 1))
+                * int(a.get("cp", 1))
+                * (int(a.get("tp", 1)) if int(a.get("etp", 1)) == 1 else 1)
+                // int(a.get("ep", 1))
+            ),
+            when=lambda a: int(a.get("ep", 1)) > 1,
+        ),
+        Rule("tp", ("*norm.weight",), "the TP plans keep RMSNorm weights replicated (SequenceParallel)"),
+        Rule(
+            "tp",
+            ("*.attention.wkv_a.weight", "*.attention.wq_a.weight"),
+            "DeepSeek-V3's TP plan keeps MLA's low-rank down-projections replicated",
+        ),
+        Rule("tp", ("*.moe.router.gate.weight",), "the MoE router is replicated over tp"),
+        Rule(
+            "tp", EXPERTS, "with EP, expert TP is etp's (tp's own degree or 1)", when=lambda a: int(a.get("ep", 1)) > 1
+        ),
+        Rule("ep", EXPERTS, "EP splits only the routed experts", outside=True),
+        Rule("etp", EXPERTS, "ETP splits only the routed experts", outside=True),
+        Rule(
+            "etp",
+            EXPERTS,
+            "ETP acts with EP only (without EP the experts follow tp)",
+            when=lambda a: int(a.get("ep", 1)) == 1,
+        ),
+    )
+
     def seed_command(self, model, dump_folder: Path, versions=INSTALLED):
-        return None  # numerics are not wired for 0.2: its matrix files have no `numerics`
+        """One rank that writes the seed checkpoint every cell of ``model`` starts from (0.2's
+        ``--checkpoint.create_seed_checkpoint``, one rank, no parallelism)."""
+        facts = self.matrix.models[model]
+        flags = [
+            Flag("job.config_file", self.JOB_TOML, "target"),
+            Flag("job.custom_config_module", self.CUSTOM_CONFIG, "target"),
+            Flag("model.name", facts["name"], f"model {model}"),
+            Flag("model.flavor", facts["flavor"], f"model {model}"),
+            Flag("checkpoint.enable", True, "target"),
+            Flag("checkpoint.create_seed_checkpoint", True, "target"),
+            Flag(self.RUN_OPTIONS["seed"], self.matrix.settings.get("seed", 42), "setting seed"),
+            Flag(self.RUN_OPTIONS["deterministic"], True, "target"),
+            Flag("parallelism.data_parallel_shard_degree", 1, "target"),
+            Flag(self.RUN_OPTIONS["tokenizer"], self.tokenizer, "target"),
+            Flag(self.RUN_OPTIONS["dataset"], self.dataset, "target"),
+            Flag("job.dump_folder", dump_folder, "target"),
+        ]
+        spelled = self.spell({"model": model, "versions": versions}, flags)
+        env = {**shim_env(self.matrix.device, self.name), **spelled.env()}
+        return self.rank_command(
+            "torchtitan.train", spelled.argv, env, unforkable=self.UNFORKABLE, lacking=spelled.lacking
+        )
 
     CUSTOM_CONFIG = "torchtitan.experiments.simple_fsdp.job_config"  # what every upstream simple_fsdp test passes
 
@@ -89,8 +193,10 @@ class Titan02(TorchtitanTarget):
         a, s = cell.axes, self.matrix.settings
         test = self.upstream_test(a)
         custom = Flag("job.custom_config_module", self.CUSTOM_CONFIG, "target")
+        numerics, local_batch = self.numerics_flags(cell, None if test else seed_folder)
         ours = [
-            *self.run_flags(s.get("steps", 3), s.get("local_batch_size", 2)),
+            *numerics,
+            *self.run_flags(s.get("steps", 3), local_batch, a),
             Flag("job.dump_folder", dump_folder, "target"),
         ]
         if test:  # our job config and run settings, upstream's flags of that run on top
@@ -123,10 +229,10 @@ class Titan02(TorchtitanTarget):
             flags.append(Flag("activation_checkpoint.selective_ac_option", "op", "axis ac=op"))
         return merged(flags + self.trace_flags() + ours + self.feature_flags(a, run))
 
-    def command(self, cell, dump_folder: Path, run=0, **_):
-        spelled = self.spell(cell.axes, self.flags(cell, dump_folder, run=run))
+    def command(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0, **_):
+        spelled = self.spell(cell.axes, self.flags(cell, dump_folder, seed_folder, run=run))
         args = [*spelled.argv, *map(str, self.matrix.settings.get("extra_args", []))]
-        env = {**shim_env(self.matrix.device, self.name), **self.trace_env(cell)}
+        env = {**shim_env(self.matrix.device, self.name), **self.trace_env(cell), **self.probe_env()}
         if cell.axes.get("compile") == "compiled":
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         test = self.upstream_test(cell.axes)

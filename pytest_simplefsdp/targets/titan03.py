@@ -7,10 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..degrees import PLACED, flags
-from ..judge.evidence import Expect, check, inductor_codegen, read_probes
-from ..judge.layout import Rule, degree_evidence, memory, stage_evidence
+from ..judge.evidence import Expect, check, inductor_codegen
+from ..judge.layout import Rule
 from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
-from ..paths import probe_folder
 from ..spec.matrix import MatrixError
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
@@ -185,40 +184,13 @@ class Titan03(TorchtitanTarget):
             flags.append(Flag(MICROBATCH, 1, "target (torchtitan 0.3.0's default microbatch size)"))
         if self.matrix.device == "cpu" or a.get("pp", 1) > 1 or a.get("ep", 1) > 1:
             flags.append(Flag("training.disable_cuda_graphs", True, "target", where_present=True))
-        local_batch = s.get("local_batch_size", 2)
-        if self.matrix.numerics:  # comparable runs: one global batch, one seed checkpoint
-            gbs = self.matrix.numerics.global_batch_size
-            local_batch = max(1, gbs // (a.get("dp_replicate", 1) * a.get("dp_shard", 1)))
-            local_batch = a.get("pp_microbatch", local_batch)  # a PP cell's baseline: its microbatches (baseline_axes)
-            flags += [
-                Flag("training.global_batch_size", gbs, "numerics.global_batch_size"),
-                Flag("metrics.enable_tensorboard", True, "numerics"),
-            ]
-            if seed_folder is not None and self.runs(cell) == 1:  # (a resumed cell loads its own checkpoint)
-                flags += [
-                    Flag("checkpoint.enable", True, "numerics"),
-                    Flag("checkpoint.initial_load_path", seed_folder / "checkpoint" / "step-0", "numerics"),
-                    Flag("checkpoint.load_only", True, "numerics"),
-                ]
-        flags += self.run_flags(s.get("steps", 3), local_batch)
+        numerics, local_batch = self.numerics_flags(cell, seed_folder)
+        flags += numerics
+        flags += self.run_flags(s.get("steps", 3), local_batch, a)
         flags.append(Flag("dump_folder", dump_folder, "target"))
         flags += self.trace_flags()
         flags += self.artifact_flags(cell, dump_folder)
         return merged(flags + self.feature_flags(a, run))  # last: a feature (and its later runs) has the last word
-
-    def baseline_axes(self, axes):
-        """A cell's numerics baseline: same model and data-parallel degree (so the same data
-        shards), SimpleFSDP alone (every other degree 1), plus the matrix's baseline values."""
-        base = {axis: (1 if axis in self.DEGREE_FLAGS else value) for axis, value in axes.items()}
-        base["dp_shard"] = axes.get("dp_replicate", 1) * axes.get("dp_shard", 1)
-        if "pp_schedule" in base:
-            base["pp_schedule"] = "none"
-        if axes.get("pp", 1) > 1:  # the same microbatches, as gradient accumulation: torchtitan main packs one row
-            # per dataloader batch (upstream 1460458), so 8 PP microbatches of 256 tokens hold other tokens than one
-            # 2048-token batch would; on 0.3.0 it changes only the order of the sums
-            base["pp_microbatch"] = 1
-        base.update(self.matrix.numerics.baseline)
-        return base
 
     def seed_command(self, model, dump_folder: Path, versions=INSTALLED):
         """One rank that writes the seed checkpoint every cell of ``model`` starts from (spelled by the torchtitan
@@ -249,15 +221,6 @@ class Titan03(TorchtitanTarget):
             *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
             "memory <- effects.memory against the layout",
         ]
-
-    def memory(self, cell, log_dir: Path):
-        """The bytes every rank held after step 1 against the layout (judge.layout.Memory; None: none recorded)."""
-        ranks = [self.matrix.trace["rank"]] if self.matrix.tier == "trace" else list(range(cell.world))
-        return memory(cell.axes, read_probes(probe_folder(log_dir)), ranks, self.LAYOUT_RULES)
-
-    def losses(self, dump_folder: Path):
-        """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""
-        return tensorboard_losses(dump_folder)
 
     EXPERTS = ("*.moe.routed_experts.*", "*.moe.experts.*")
     # the parameters torchtitan 0.3's own plans lay out otherwise than a degree's label says, and why
@@ -346,17 +309,16 @@ class Titan03(TorchtitanTarget):
         """The probe's evidence from every rank that ran (the trace tier runs one: what needs every rank, PP's stages,
         is left out there) and, for an inductor cell, inductor's output code in the compile trace. A precompiled cell's
         graph passes ran in its precompile step: what they did is read there."""
-        trace = self.matrix.tier == "trace"
-        ranks = [self.matrix.trace["rank"]] if trace else list(range(cell.world))
-        plan = self.evidence_plan(cell)
+        a, plan = cell.axes, self.evidence_plan(cell)
         at_step = [e for e in plan if e.key in self.COMPILE_TIME] if "precompile" in self.before_steps(cell) else []
-        found = check([e for e in plan if e not in at_step], log_dir, ranks)
+        found = check([e for e in plan if e not in at_step], log_dir, self.probed_ranks(cell))
         found += check([replace(e, hooks=()) for e in at_step], Path(log_dir) / "precompile", [0]) if at_step else []
-        a, records = cell.axes, read_probes(probe_folder(log_dir))
-        found += degree_evidence(a, records, ranks, self.LAYOUT_RULES)
-        if int(a.get("pp", 1)) > 1 and not trace:  # the trace tier runs one rank: one stage of the partition
-            found.append(stage_evidence(a, records, ranks))
-        if a.get("backend") == "inductor" and a.get("compile", "aot_fx_trace") != "eager" and not trace:
+        found += self.layout_evidence(cell, log_dir)
+        if (
+            a.get("backend") == "inductor"
+            and a.get("compile", "aot_fx_trace") != "eager"
+            and self.matrix.tier != "trace"
+        ):
             found.append(inductor_codegen(Path(log_dir) / "torch_trace"))
         return found
 
@@ -367,11 +329,7 @@ class Titan03(TorchtitanTarget):
         args = ["--module", module, "--config", config, *spelled.argv]
         args += [str(x) for x in self.matrix.settings.get("extra_args", [])]
         env = {**shim_env(self.matrix.device, self.name), **spelled.env()}
-        env["SIMPLEFSDP_PROBE"] = "titan03"  # the shim records what torchtitan really used (evidence_plan)
-        if self.matrix.tier == "real":  # every optimizer step's exact invariants (judge.invariants)
-            env["SIMPLEFSDP_INVARIANTS"] = "1"
-        if self.matrix.numerics and self.matrix.tier == "real":  # per-parameter norms for numerics.compare_params
-            env["SIMPLEFSDP_GRAD_PROBE"] = "1"
+        env.update(self.probe_env())  # the shim records what torchtitan really used (evidence_plan)
         env.update(self.trace_env(cell))
         if cell.axes.get("compile", "aot_fx_trace") != "eager":  # structured compile trace: tlparse, evidence
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
@@ -400,22 +358,3 @@ class Titan03(TorchtitanTarget):
         return self.rank_command(
             "torchtitan.experiments.graph_trainer.precompile_main", train.argv[3:], train.env, preload=train.preload
         )
-
-
-def tensorboard_losses(dump_folder: Path, tag="loss_metrics/global_avg_loss"):
-    """Full-precision losses from torchtitan's TensorBoard events (the log prints 5 decimals)."""
-    files = sorted(Path(dump_folder).rglob("events.out.tfevents.*"))
-    if not files:
-        return {}
-    try:
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    except ImportError:
-        return {}
-    losses = {}
-    for f in files:
-        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
-        acc.Reload()
-        if tag in acc.Tags().get("scalars", []):
-            for event in acc.Scalars(tag):
-                losses[int(event.step)] = float(event.value)
-    return losses
