@@ -339,9 +339,9 @@ def test_every_degree_a_shipped_profile_runs_has_an_evidence_check(profile, tmp_
 
 
 def test_a_degree_left_out_of_the_evidence_is_caught(tmp_path, monkeypatch):
-    import pytest_simplefsdp.targets.titan03 as titan03
+    import pytest_simplefsdp.targets.base as base
 
-    monkeypatch.setattr(titan03, "PLACED", tuple(d for d in titan03.PLACED if d.axis != "tp"))
+    monkeypatch.setattr(base, "PLACED", tuple(d for d in base.PLACED if d.axis != "tp"))
     _, unchecked = unchecked_degrees("cpu", tmp_path)
     assert unchecked and all(u.startswith("tp (") for u in unchecked), unchecked[:5]
 

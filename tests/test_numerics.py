@@ -218,6 +218,12 @@ def test_a_quiet_layout_gets_its_own_tolerance_from_its_measured_noise(run_matri
     other.stdout.fnmatch_lines(
         ["*1 cell judged by their lane, not their layout's noise: measured on torch 2.15.0; this run: torch 2.14.1*"]
     )
+    # one file per version set (the seed era's 0.2.0 and 0.2.2): the one measured where the cell ran holds, not the
+    # first named (here as loud as the bug, so it would let it pass)
+    (pytester.path / "other.noise.yaml").write_text(noise_file("2.0e-5", "{torch: 2.15.0}"))
+    (pytester.path / "fake.noise.yaml").write_text(noise_file("2.0e-6"))
+    listed = text.replace("noise: fake.noise.yaml", "noise: [other.noise.yaml, fake.noise.yaml]")
+    run_matrix(listed).assert_outcomes(passed=1, failed=1)
 
 
 def test_a_bad_noise_file_is_named_with_its_line(run_matrix, pytester):

@@ -285,14 +285,16 @@ class Book:
         lane = lane_for(run.matrix.numerics.lanes, cell.axes) if run.matrix.numerics else None
         if lane is None:
             return None
-        return narrowed(lane, run.matrix.numerics.noise, first_id(cell.id), result.versions, result.machine)
+        return narrowed(
+            lane, noise_for(run.matrix.numerics, result), first_id(cell.id), result.versions, result.machine
+        )
 
     def check(self, run, cell, result):
         """Compare a green cell with its baseline in its numerics lane; a mismatch fails it as numerics."""
         lane = self.lane_of(run, cell, result)
         if lane is None or result.status != Status.PASSED:
             return
-        noise = run.matrix.numerics.noise
+        noise = noise_for(run.matrix.numerics, result)
         base = self.baseline_for(run, cell, result)
         if isinstance(base, Unavailable):  # not the cell's failure: infra, naming the job that failed
             result.fail(FailureClass.INFRA, base.reason)
@@ -325,3 +327,9 @@ class Book:
                 {"loss": base.losses, "grad_norm": base.grad_norms},
                 f"{cell.id} vs {base.id}",
             )
+
+
+def noise_for(numerics, result):
+    """The noise file that holds where the result ran (its versions and machine), else the section's first (whose
+    reason for not holding the report says)."""
+    return next((n for n in numerics.noises if not noise_applies(n, result.versions, result.machine)), numerics.noise)

@@ -43,7 +43,8 @@ TOP_KEYS = {
     "target's step of that name first (one process) and the cell with what it made",
     "numerics": "compare losses, gradient, update and parameter norms with a baseline: {global_batch_size, baseline, "
     "lanes: [{name, match, rtol, atol, max_miss, grad_rtol, grad_atol, grad_steps, update_rtol, "
-    "update_atol, update_steps}], noise: FILE (each layout's measured noise: its tolerance, see "
+    "update_atol, update_steps}], noise: FILE or [FILE, ...] (each layout's measured noise, one file per version set: "
+    "its tolerance where its versions and machine ran, see "
     "docs/design.md)}",
     "trace": "the trace tier (--simplefsdp-tier trace): {models, settings, rules, rank} that replace the "
     "profile's when each cell runs as one simulated rank on a CPU machine; gpu: {settings, rules} instead where "
@@ -138,7 +139,8 @@ class Numerics:
     global_batch_size: int
     baseline: dict  # axis values the baseline cell takes (its dp degree is the cell's)
     lanes: list
-    noise: Noise | None = None
+    noise: Noise | None = None  # the first noise file the section names
+    noises: tuple = ()  # all of them, one per version set measured (0.2.0's and 0.2.2's): each holds where it ran
 
 
 @dataclass
@@ -590,14 +592,16 @@ def _numerics(path, doc, axes):
         lanes.append(Lane(str(name), [e.values for e in match] or [{}], where=lwhere, **numbers))
     if not lanes:
         raise MatrixError(f"{where}: numerics needs at least one lane")
-    noise = _noise(path, node) if node.get("noise") is not None else None
-    return Numerics(gbs, baseline, lanes, noise)
+    named = node.get("noise")
+    files = [] if named is None else named if isinstance(named, list) else [named]
+    noises = tuple(_noise(path, node, file) for file in files)
+    return Numerics(gbs, baseline, lanes, noises[0] if noises else None, noises)
 
 
-def _noise(path, node):
-    """The noise file the numerics section names (relative to the matrix file)."""
+def _noise(path, node, name):
+    """A noise file the numerics section names (relative to the matrix file)."""
     where = line_of(path, node, key="noise")
-    file = Path(path).parent / str(node["noise"])
+    file = Path(path).parent / str(name)
     if not file.is_file():
         raise MatrixError(
             f"{where}: numerics.noise: no file {file} (a copy of a shipped profile needs its "

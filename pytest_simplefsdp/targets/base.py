@@ -13,8 +13,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..commands import RankCommand
+from ..degrees import PLACED
 from ..judge.evidence import check, read_probes
-from ..judge.layout import degree_evidence, memory, stage_evidence
+from ..judge.layout import Rule, degree_evidence, memory, stage_evidence
 from ..judge.numerics import lane_for
 from ..machine import TRAINERS, installed, source_checkout, torchtitan_trainers
 from ..paths import FIXTURES, SHIM_DIR, probe_folder
@@ -447,6 +448,15 @@ class TorchtitanTarget(Target):
 
     LAYOUT_RULES: tuple = ()  # judge.layout.Rule: the parameters the generation's plans lay out otherwise, and why
 
+    def evidence_lines(self, cell) -> list:
+        a = cell.axes
+        return [
+            *super().evidence_lines(cell),
+            *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
+            *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
+            "memory <- effects.memory against the layout",
+        ]
+
     def compared(self, axes) -> bool:
         """Whether the profile's numerics compare the cell (a lane takes it): only such a cell starts from the seed
         checkpoint, on the global batch, in deterministic mode."""
@@ -520,6 +530,18 @@ class TorchtitanTarget(Target):
             base["pp_microbatch"] = 1
         base.update(self.matrix.numerics.baseline)
         return base
+
+
+# what torchtitan's TP plans keep replicated over tp, in 0.2 and 0.3 alike (judge.layout.Rule)
+TP_REPLICATED = (
+    Rule("tp", ("*norm.weight",), "the TP plans keep RMSNorm weights replicated (SequenceParallel)"),
+    Rule(
+        "tp",
+        ("*.attention.wkv_a.weight", "*.attention.wq_a.weight"),
+        "DeepSeek-V3's TP plan keeps MLA's low-rank down-projections replicated",
+    ),
+    Rule("tp", ("*.moe.router.gate.weight",), "the MoE router is replicated over tp"),
+)
 
 
 def tensorboard_losses(dump_folder: Path, tag="loss_metrics/global_avg_loss"):

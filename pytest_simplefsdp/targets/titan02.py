@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..degrees import PLACED, flags
+from ..degrees import flags
 from ..judge.evidence import Expect, check
 from ..judge.layout import Rule
 from ..judge.mutants import TITAN02 as TITAN02_MUTANTS
 from ..paths import FIXTURES
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
-from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
+from .base import FILE_DEFINED, TP_REPLICATED, TorchtitanTarget, merged, shim_env
 from .flags import Flag
 
 
@@ -61,15 +61,6 @@ class Titan02(TorchtitanTarget):
     DEGREE_FLAGS = flags(name)  # axis -> torchtitan option (degrees.py, the one table)
     JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
 
-    def evidence_lines(self, cell) -> list:
-        a = cell.axes
-        return [
-            *super().evidence_lines(cell),
-            *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
-            *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
-            "memory <- effects.memory against the layout",
-        ]
-
     def data_parallel(self, axes) -> str:
         """What 0.2's simple_fsdp parallelize applies: data_parallel where FSDP, EP or DDP is on (a TP- or PP-only
         layout keeps plain parameters)."""
@@ -94,7 +85,7 @@ class Titan02(TorchtitanTarget):
         plan.append(Expect(f"model={a['model']}", "effects.data_parallel", self.data_parallel(a), hooks=step))
         ac = a.get("ac", "none")
         block = {"none": "none", "full": "full", "op": "op", "selective": "full"}[ac]
-        every = int(self.SELECTIVE_LAYERS) if ac == "selective" else 0  # layer SAC: every N-th block, fully
+        every = self.SELECTIVE_LAYERS if ac == "selective" else 0  # layer SAC: every N-th block, fully
         plan.append(Expect(f"ac={ac}", "effects.block_ac", block, default="none", hooks=step, each=True, every=every))
         if int(a.get("pp", 1)) > 1:
             plan.append(
@@ -109,7 +100,7 @@ class Titan02(TorchtitanTarget):
         return plan
 
     # 0.2's default --activation_checkpoint.selective_ac_option: layer SAC wraps every 2nd block (ac=op: per op)
-    SELECTIVE_LAYERS = "2"
+    SELECTIVE_LAYERS = 2
 
     def evidence(self, cell, log_dir: Path):
         return check(self.evidence_plan(cell), log_dir, self.probed_ranks(cell)) + self.layout_evidence(cell, log_dir)
@@ -130,13 +121,7 @@ class Titan02(TorchtitanTarget):
             ),
             when=lambda a: int(a.get("ep", 1)) > 1,
         ),
-        Rule("tp", ("*norm.weight",), "the TP plans keep RMSNorm weights replicated (SequenceParallel)"),
-        Rule(
-            "tp",
-            ("*.attention.wkv_a.weight", "*.attention.wq_a.weight"),
-            "DeepSeek-V3's TP plan keeps MLA's low-rank down-projections replicated",
-        ),
-        Rule("tp", ("*.moe.router.gate.weight",), "the MoE router is replicated over tp"),
+        *TP_REPLICATED,
         Rule(
             "tp", EXPERTS, "with EP, expert TP is etp's (tp's own degree or 1)", when=lambda a: int(a.get("ep", 1)) > 1
         ),

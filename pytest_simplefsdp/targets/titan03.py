@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..degrees import PLACED, flags
+from ..degrees import flags
 from ..judge.evidence import Expect, check, inductor_codegen
 from ..judge.layout import Rule
 from ..judge.mutants import TITAN03 as TITAN03_MUTANTS
 from ..spec.matrix import MatrixError
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
-from .base import FILE_DEFINED, TorchtitanTarget, merged, shim_env
+from .base import FILE_DEFINED, TP_REPLICATED, TorchtitanTarget, merged, shim_env
 from .flags import MICROBATCH, Flag
 
 
@@ -213,15 +213,6 @@ class Titan03(TorchtitanTarget):
         env = {**shim_env(self.matrix.device, self.name), **spelled.env()}
         return self.rank_command("torchtitan.train", argv, env, unforkable=spelled.unforkable, lacking=spelled.lacking)
 
-    def evidence_lines(self, cell) -> list:
-        a = cell.axes
-        return [
-            *super().evidence_lines(cell),
-            *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
-            *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
-            "memory <- effects.memory against the layout",
-        ]
-
     EXPERTS = ("*.moe.routed_experts.*", "*.moe.experts.*")
     # the parameters torchtitan 0.3's own plans lay out otherwise than a degree's label says, and why
     LAYOUT_RULES = (
@@ -233,13 +224,7 @@ class Titan03(TorchtitanTarget):
             size=lambda a: int(a.get("dp_shard", 1)) * int(a.get("cp", 1)) * int(a.get("tp", 1)) // int(a.get("ep", 1)),
             when=lambda a: int(a.get("ep", 1)) > 1,
         ),
-        Rule("tp", ("*norm.weight",), "the TP plans keep RMSNorm weights replicated (SequenceParallel)"),
-        Rule(
-            "tp",
-            ("*.attention.wkv_a.weight", "*.attention.wq_a.weight"),
-            "DeepSeek-V3's TP plan keeps MLA's low-rank down-projections replicated",
-        ),
-        Rule("tp", ("*.moe.router.gate.weight",), "the MoE router is replicated over tp"),
+        *TP_REPLICATED,
         Rule(
             "tp", EXPERTS, "ETP is 1 in 0.3: EP, not TP, splits routed experts", when=lambda a: int(a.get("ep", 1)) > 1
         ),
