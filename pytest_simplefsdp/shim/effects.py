@@ -11,7 +11,8 @@ accepted and then ignored no longer passes as its label (judge.evidence compares
 * ``data_parallel``: how data parallelism reached the parameters: SimpleFSDP's parametrization, FSDP2's
   ``fully_shard``, or none; ``trainer``: the class whose ``train_step`` ran;
 * ``compile``: what ran step 1: a traced graph (aot_fx_trace), a model torch.compile wrapped (0.3's jit: the
-  module's compile; 0.2: ``torch.compile(model)``) whose graphs dynamo compiled (jit), or neither (eager); ``jit_backend``: inductor where inductor compiled any graph, else aot_eager;
+  module's compile; 0.2: ``torch.compile(model)``) whose graphs dynamo compiled (jit), or neither (eager);
+  ``jit_backend``: inductor where inductor compiled any graph, else aot_eager;
 * ``memory_policy``: the recompute tags the traced graph carries into rematerialisation, read as the policy that
   writes them (``tags``: the counts), and ``block_policy`` the same per transformer block of the graph;
 * ``block_ac``: each transformer block's activation checkpointing, from the checkpoint wrappers around it (0.2's

@@ -1,8 +1,10 @@
 """The shim's start in a rank (called by fixtures/cpu_shim/sitecustomize.py when the launch asks for it): the
-generation's CPU patches (``SIMPLEFSDP_CPU_SHIM``), the probe (``SIMPLEFSDP_PROBE=titan03`` or ``titan02``: the generation whose trainer it watches), the gradient probe
-(``SIMPLEFSDP_GRAD_PROBE=1``), the per-step invariants (``SIMPLEFSDP_INVARIANTS=1``), a mutant
-(``SIMPLEFSDP_MUTANT``) and the options set on the job config in Python (``SIMPLEFSDP_CONFIG_SET``, on any device). Applied patches are printed to stderr as ``[simplefsdp-shim] applied: ...`` and end up
-in every rank's log (under the fork launcher the server prints them once and every forked rank repeats them)."""
+generation's CPU patches (``SIMPLEFSDP_CPU_SHIM``), the probe (``SIMPLEFSDP_PROBE=titan03`` or ``titan02``: the
+generation whose trainer it watches), the gradient probe (``SIMPLEFSDP_GRAD_PROBE=1``), the per-step invariants
+(``SIMPLEFSDP_INVARIANTS=1``), a mutant (``SIMPLEFSDP_MUTANT``) and the options set on the job config in Python
+(``SIMPLEFSDP_CONFIG_SET``, on any device). Applied patches are printed to stderr as ``[simplefsdp-shim] applied:
+...`` and end up in every rank's log (under the fork launcher the server prints them once and every forked rank
+repeats them)."""
 
 import os
 

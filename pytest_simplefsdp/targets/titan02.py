@@ -83,10 +83,16 @@ class Titan02(TorchtitanTarget):
             label = f"backend={backend}" if "backend" in a else f"compile_backend={backend}"
             plan.append(Expect(label, "effects.jit_backend", backend, hooks=step))
         plan.append(Expect(f"model={a['model']}", "effects.data_parallel", self.data_parallel(a), hooks=step))
-        ac = a.get("ac", "none")
+        ac = label = a.get("ac", "none")
+        # layer SAC wraps every N-th block fully (N: 0.2's default, or what a feature sets); op SAC every block
+        option = str(self.feature_options(a).get("activation_checkpoint.selective_ac_option", self.SELECTIVE_LAYERS))
+        if ac == "selective" and option == "op":
+            ac = "op"
         block = {"none": "none", "full": "full", "op": "op", "selective": "full"}[ac]
-        every = self.SELECTIVE_LAYERS if ac == "selective" else 0  # layer SAC: every N-th block, fully
-        plan.append(Expect(f"ac={ac}", "effects.block_ac", block, default="none", hooks=step, each=True, every=every))
+        every = int(option) if ac == "selective" and option.isdigit() else 0
+        plan.append(
+            Expect(f"ac={label}", "effects.block_ac", block, default="none", hooks=step, each=True, every=every)
+        )
         if int(a.get("pp", 1)) > 1:
             plan.append(
                 Expect(
@@ -99,8 +105,7 @@ class Titan02(TorchtitanTarget):
             )
         return plan
 
-    # 0.2's default --activation_checkpoint.selective_ac_option: layer SAC wraps every 2nd block (ac=op: per op)
-    SELECTIVE_LAYERS = 2
+    SELECTIVE_LAYERS = 2  # 0.2's default --activation_checkpoint.selective_ac_option: every 2nd block
 
     def evidence(self, cell, log_dir: Path):
         return check(self.evidence_plan(cell), log_dir, self.probed_ranks(cell)) + self.layout_evidence(cell, log_dir)
