@@ -325,7 +325,7 @@ def test_a_tp_label_that_torchtitan_did_not_build_fails_as_invalid_config(pytest
     # every parameter read: split over 2 fsdp ranks, where the label says 1, and over no tp rank, where it says 2
     assert cell["error_line"].startswith(
         "the run does not show its label: dp_shard=1: expected every parameter split "
-        "over 1 rank of fsdp/dp_shard/dp_shard_cp/efsdp, saw 0 of 45 parameters, "
+        "over 1 rank of fsdp/dp_shard/dp_shard_cp/efsdp/dp_shard_mod_ep, saw 0 of 45 parameters, "
         "0.0% of bytes on rank 0: "
     )
     wrong = {e["axis"]: e["seen"] for e in cell["evidence"] if not e["ok"]}

@@ -386,3 +386,17 @@ def test_the_seed_eras_layout_is_read_per_parameter_as_0_3s(tmp_path):
 
     found = judge("whole", wq_whole)
     assert not found["dp_shard=2"].ok and "82 of 83 parameters" in found["dp_shard=2"].seen
+
+
+def test_a_degree_the_generation_lacks_is_not_judged_on_it(titan, tmp_path):
+    """`etp` is 0.2's alone, but an upstream test's options on 0.3 may still name it (--parallelism.
+    expert_tensor_parallel_degree 1 beside tp 2): 0.3's evidence reads no etp, where it once failed every TP-split
+    parameter as "split over 2, expected 1" (the main tier's upstream trace cell, issue 60's first CI run)."""
+    import dataclasses
+
+    target, cells = titan
+    cell = dataclasses.replace(cells["llama3-dp2-tp2-eager"], axes={**cells["llama3-dp2-tp2-eager"].axes, "etp": 1})
+    assert not [line for line in target.evidence_lines(cell) if line.startswith("etp=")]
+    ranks = [effects(cell.axes, model()) for _ in range(cell.world)]
+    found = target.layout_evidence(cell, write(tmp_path / "etp", ranks))
+    assert found and all(e.ok for e in found) and "etp=1" not in {e.axis for e in found}

@@ -60,10 +60,10 @@ def _ranks(ranks) -> str:
     return ", ".join(map(str, ranks))
 
 
-def degree_evidence(axes: dict, records: dict, ranks, rules=()) -> list:
+def degree_evidence(axes: dict, records: dict, ranks, rules=(), degrees=PLACED) -> list:
     """Per degree of the label: every parameter of every rank laid out over the label's size (or its rule's)."""
     out = []
-    for degree in PLACED:
+    for degree in degrees:
         if degree.axis not in axes:
             continue
         size = degree.size(axes)
@@ -140,14 +140,14 @@ def stage_evidence(axes: dict, records: dict, ranks) -> Evidence:
     return Evidence(label, expected, "; ".join(problems + [seen]), not problems)
 
 
-def expected_bytes(axes: dict, params: dict, rules=()) -> tuple[int, int]:
+def expected_bytes(axes: dict, params: dict, rules=(), degrees=PLACED) -> tuple[int, int]:
     """(the bytes a rank holding ``params`` should hold under the label, the padding allowance): each parameter's
     bytes over the sizes of the degrees that split it (its rules' sizes; exempt: 1); two slices of a parameter whose
     split may be uneven (a dimension the split's size does not divide)."""
     total, allowance = 0.0, 0
     for fqn, entry in params.items():
         factor = 1
-        for degree in PLACED:
+        for degree in degrees:
             if degree.shards:
                 want, _ = wanted(degree, fqn, axes, rules)
                 factor *= want or 1
@@ -217,7 +217,7 @@ class Memory:
         }
 
 
-def memory(axes: dict, records: dict, ranks, rules=()) -> Memory | None:
+def memory(axes: dict, records: dict, ranks, rules=(), degrees=PLACED) -> Memory | None:
     """The memory of the ranks that recorded it (None: no rank did, e.g. a target without the probe)."""
     model: dict = {}
     out: dict = {}
@@ -228,7 +228,7 @@ def memory(axes: dict, records: dict, ranks, rules=()) -> Memory | None:
             continue
         for fqn, entry in params.items():
             model.setdefault(fqn, _bytes(entry))
-        expected, allowance = expected_bytes(axes, params, rules)
+        expected, allowance = expected_bytes(axes, params, rules, degrees)
         adam = any(name.startswith("Adam") for name in held.get("optimizer_class", ()))
         out[rank] = {
             **{k: held.get(k) for k in ("params", "grads", "optimizer", "peak", "grads_unlike")},

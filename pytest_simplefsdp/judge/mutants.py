@@ -150,7 +150,15 @@ RUNTIME = {  # act at a moment of the training step (shim/probes.py calls them):
 TITAN02 = (
     *(m for m in TITAN03 if m.name in RUNTIME),
     _also("pp_partial", lambda a: a.get("pp", 1) > 1),
-    _also("fsdp_partial", lambda a: a.get("dp_shard", 1) > 1 and a.get("dp_replicate", 1) == 1 and a.get("tp", 1) == 1),
+    _also(
+        "fsdp_partial",
+        lambda a: (
+            a.get("dp_shard", 1) > 1
+            and a.get("dp_replicate", 1) == 1
+            and a.get("tp", 1) == 1
+            and a.get("trainer") != "fsdp2"
+        ),
+    ),
     _also("compile_falls_back_to_eager", _seed_compiled),
     Mutant(
         "ac_partial",

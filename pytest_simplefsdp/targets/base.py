@@ -448,11 +448,17 @@ class TorchtitanTarget(Target):
 
     LAYOUT_RULES: tuple = ()  # judge.layout.Rule: the parameters the generation's plans lay out otherwise, and why
 
+    @property
+    def placed(self) -> tuple:
+        """The degrees read per parameter that this generation's torchtitan has (0.3 has no etp: an upstream test's
+        options may still name it)."""
+        return tuple(d for d in PLACED if self.name in d.eras)
+
     def evidence_lines(self, cell) -> list:
         a = cell.axes
         return [
             *super().evidence_lines(cell),
-            *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in PLACED if d.axis in a),
+            *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in self.placed if d.axis in a),
             *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
             "memory <- effects.memory against the layout",
         ]
@@ -481,14 +487,15 @@ class TorchtitanTarget(Target):
         """Every degree of the label per parameter on every rank, and PP's stages as a partition of the blocks
         (not on the trace tier: one rank holds one stage)."""
         ranks, records = self.probed_ranks(cell), read_probes(probe_folder(log_dir))
-        found = degree_evidence(cell.axes, records, ranks, self.LAYOUT_RULES)
+        found = degree_evidence(cell.axes, records, ranks, self.LAYOUT_RULES, self.placed)
         if int(cell.axes.get("pp", 1)) > 1 and self.matrix.tier != "trace":
             found.append(stage_evidence(cell.axes, records, ranks))
         return found
 
     def memory(self, cell, log_dir: Path):
         """The bytes every rank held after step 1 against the layout (judge.layout.Memory; None: none recorded)."""
-        return memory(cell.axes, read_probes(probe_folder(log_dir)), self.probed_ranks(cell), self.LAYOUT_RULES)
+        records = read_probes(probe_folder(log_dir))
+        return memory(cell.axes, records, self.probed_ranks(cell), self.LAYOUT_RULES, self.placed)
 
     def losses(self, dump_folder: Path):
         """Full-precision losses (TensorBoard) where the cell wrote them; else the log's."""

@@ -9,6 +9,7 @@ from ..judge.evidence import Expect, check
 from ..judge.layout import Rule
 from ..judge.mutants import TITAN02 as TITAN02_MUTANTS
 from ..paths import FIXTURES
+from ..spec.matrix import MatrixError
 from ..spec.upstream import options
 from ..versions.sets import INSTALLED
 from .base import FILE_DEFINED, TP_REPLICATED, TorchtitanTarget, merged, shim_env
@@ -44,6 +45,9 @@ class Titan02(TorchtitanTarget):
         **dict.fromkeys(flags("titan02"), int),  # the degrees
         "pp_schedule": ("none", "1F1B", "Interleaved1F1B", "GPipe", "ZBVZeroBubble"),
         "compile": ("eager", "compiled"),
+        # fsdp2: 0.2's core train spec of the model (FSDP2's fully_shard, --model.name <fsdp2_name>) on the same seed
+        # checkpoint and batches: the reference upstream's simple_fsdp/tests/test_numerics.py holds SimpleFSDP to
+        "trainer": ("simplefsdp", "fsdp2"),
         "backend": ("aot_eager", "inductor"),
         "ac": (
             "none",
@@ -57,15 +61,27 @@ class Titan02(TorchtitanTarget):
     }
     MUTANTS = TITAN02_MUTANTS
     MODEL_KEYS = ("name", "flavor")
-    MODEL_OPTIONAL = ("moe",)
+    MODEL_OPTIONAL = ("moe", "fsdp2_name")
     DEGREE_FLAGS = flags(name)  # axis -> torchtitan option (degrees.py, the one table)
     JOB_TOML = FIXTURES / "titan02_debugmodel.toml"
 
     def data_parallel(self, axes) -> str:
         """What 0.2's simple_fsdp parallelize applies: data_parallel where FSDP, EP or DDP is on (a TP- or PP-only
-        layout keeps plain parameters)."""
+        layout keeps plain parameters); the core train spec's fully_shard for trainer=fsdp2."""
         dp = int(axes.get("dp_replicate", 1)) * int(axes.get("dp_shard", 1)) * int(axes.get("cp", 1))
-        return "simplefsdp" if dp > 1 or int(axes.get("ep", 1)) > 1 else "none"
+        kind = "fsdp2" if axes.get("trainer") == "fsdp2" else "simplefsdp"
+        return kind if dp > 1 or int(axes.get("ep", 1)) > 1 else "none"
+
+    def model_name(self, axes) -> str:
+        """--model.name of a cell: the model's simple_fsdp train spec, or its core one (trainer=fsdp2)."""
+        facts = self.matrix.models[axes["model"]]
+        if axes.get("trainer") != "fsdp2":
+            return facts["name"]
+        if not facts.get("fsdp2_name"):
+            raise MatrixError(
+                f"{self.matrix.where('models')}: model {axes['model']!r} has no fsdp2_name, which trainer=fsdp2 cells run"
+            )
+        return facts["fsdp2_name"]
 
     def evidence_plan(self, cell):
         """What the run did, from the shim's effects probe (shim/effects.py): the compile mode from what ran step 1
@@ -82,7 +98,8 @@ class Titan02(TorchtitanTarget):
             backend = a.get("backend", self.matrix.settings.get("compile_backend", "aot_eager"))
             label = f"backend={backend}" if "backend" in a else f"compile_backend={backend}"
             plan.append(Expect(label, "effects.jit_backend", backend, hooks=step))
-        plan.append(Expect(f"model={a['model']}", "effects.data_parallel", self.data_parallel(a), hooks=step))
+        trainer = a.get("trainer", "simplefsdp")
+        plan.append(Expect(f"trainer={trainer}", "effects.data_parallel", self.data_parallel(a), hooks=step))
         ac = label = a.get("ac", "none")
         # layer SAC wraps every N-th block fully (N: 0.2's default, or what a feature sets); op SAC every block
         option = str(self.feature_options(a).get("activation_checkpoint.selective_ac_option", self.SELECTIVE_LAYERS))
@@ -203,7 +220,7 @@ class Titan02(TorchtitanTarget):
         flags = [
             Flag("job.config_file", self.JOB_TOML, "target"),
             custom,
-            Flag("model.name", facts["name"], f"model {a['model']}"),
+            Flag("model.name", self.model_name(a), f"model {a['model']}"),
             Flag("model.flavor", facts["flavor"], f"model {a['model']}"),
             *self.degree_flags(a),
         ]
@@ -226,12 +243,12 @@ class Titan02(TorchtitanTarget):
         if cell.axes.get("compile") == "compiled":
             env["TORCH_TRACE"] = str(Path(dump_folder).parent / "torch_trace")
         test = self.upstream_test(cell.axes)
-        name = options(test.flags).get("model.name") if test else self.matrix.models[cell.axes["model"]]["name"]
+        name = options(test.flags).get("model.name") if test else self.model_name(cell.axes)
         return self.rank_command(
             "torchtitan.train",
             args,
             env,
-            preload=[f"torchtitan.experiments.{name}"],
+            preload=[f"torchtitan.{'experiments' if str(name).startswith('simple_fsdp.') else 'models'}.{name}"],
             unforkable=self.UNFORKABLE,
             lacking=spelled.lacking,
         )
