@@ -147,18 +147,11 @@ RUNTIME = {  # act at a moment of the training step (shim/probes.py calls them):
     "lr_skew_from_step2",
     "optimizer_state_lost_at_step2",
 }
+# 0.3's pp_partial and fsdp_partial apply to the same cells on 0.2 (the shim patches 0.2's pipeline split and
+# data_parallel too)
+SHARED = RUNTIME | {"pp_partial", "fsdp_partial"}
 TITAN02 = (
-    *(m for m in TITAN03 if m.name in RUNTIME),
-    _also("pp_partial", lambda a: a.get("pp", 1) > 1),
-    _also(
-        "fsdp_partial",
-        lambda a: (
-            a.get("dp_shard", 1) > 1
-            and a.get("dp_replicate", 1) == 1
-            and a.get("tp", 1) == 1
-            and a.get("trainer") != "fsdp2"
-        ),
-    ),
+    *(m for m in TITAN03 if m.name in SHARED),
     _also("compile_falls_back_to_eager", _seed_compiled),
     Mutant(
         "ac_partial",
