@@ -132,8 +132,12 @@ def spmd_backend() -> str:
     return "partial_dtensor" if backend == "default" else backend
 
 
-def _clean(name) -> list:
-    return [x for x in name.split(".") if x not in ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")]
+WRAPPERS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")  # (compile's, AC's, FSDP1's)
+
+
+def clean(name) -> list:
+    """A module's or parameter's FQN as parts, the wrappers' names removed."""
+    return [x for x in name.split(".") if x not in WRAPPERS]
 
 
 def block_ac(trainer, params) -> dict:
@@ -144,7 +148,7 @@ def block_ac(trainer, params) -> dict:
     out = dict.fromkeys(layers(params), "none")
     for part in trainer.model_parts:
         for name, m in part.named_modules():
-            parts = _clean(name)
+            parts = clean(name)
             if not isinstance(m, CheckpointWrapper) or len(parts) < 2 or parts[0] != "layers":
                 continue
             context = getattr(m.checkpoint_fn, "keywords", {}).get("context_fn", noop_context_fn)

@@ -22,7 +22,6 @@ from .mutants import actor
 # taken where it hands itself to its CheckpointManager (``states={"train_state": self}``), before training starts
 TRAINERS = {"titan03": "torchtitan.trainer", "titan02": "torchtitan.components.checkpoint"}
 
-_WRAPPERS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 _STATE = {}  # "trainer": this rank's Trainer once training started; "traced": a traced graph was made (effects)
 
 
@@ -31,7 +30,7 @@ def named_params(trainer):
     out = {}
     for part in trainer.model_parts:
         for name, p in part.named_parameters():
-            out.setdefault(".".join(x for x in name.split(".") if x not in _WRAPPERS), p)
+            out.setdefault(".".join(effects.clean(name)), p)
     return out
 
 
