@@ -62,6 +62,12 @@ TITAN03 = (
         "undone every step: correct gradients, half of every norm layer never trains",
         lambda a: True,
     ),
+    Mutant(
+        "cp_attention_local",
+        "context parallelism shards the sequence but never reaches attention: each rank attends within its own "
+        "chunk (SimpleFSDP from torchtitan's CP refactor, PR 2144, to graph_trainer's CP support, PR 3305; issue 2808)",
+        lambda a: a.get("cp", 1) > 1,
+    ),
     # a label applied to part of the model: training unchanged, so only the layout evidence can see it
     Mutant(
         "fsdp_partial",
@@ -214,7 +220,9 @@ def judge(result, mutant: Mutant):
         )
     elif result.killed_by:
         result.mutation = Mutation.KILLED
-        result.verdict = f"mutant {mutant.name} killed by the {result.killed_by} check: {caught}"
+        result.verdict = f"mutant {mutant.name} killed by the {result.killed_by} check: {caught}" + (
+            f"; seen by {result.also_killed_by}" if result.also_killed_by else ""
+        )
     else:
         result.mutation = Mutation.SURVIVED
         result.verdict = f"mutant {mutant.name} survived: the run with this bug was green ({mutant.bug})"

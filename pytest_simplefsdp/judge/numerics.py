@@ -21,10 +21,10 @@ from ..words import release
 
 
 def lane_for(lanes, axes):
-    """The first lane one of whose partial cells matches the axes."""
+    """The first lane one of whose partial cells matches the axes (None: no lane, or one that compares nothing)."""
     for lane in lanes:
         if any(matches(m, axes) for m in lane.match):
-            return lane
+            return lane if lane.compare else None
     return None
 
 
@@ -97,7 +97,8 @@ def tolerance(kind, lane: Lane):
     return (*grad, lane.grad_steps)
 
 
-NUMERICS_FIELDS = ("aten", "mkl", "onednn", "threads", "model", "caches", "flags")  # shim.provenance.numerics_machine
+# shim.provenance.numerics_machine: a CPU's, and a GPU rank's GPU, driver and CUDA
+NUMERICS_FIELDS = ("aten", "mkl", "onednn", "threads", "model", "caches", "flags", "gpu", "driver", "cuda")
 
 
 def numerics_key(machine: dict | None) -> dict | None:

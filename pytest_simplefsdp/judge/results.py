@@ -118,6 +118,7 @@ class CellResult:
     mutant: str | None = None  # the mutation tier: the bug this run re-injected
     mutation: Mutation | None = None  # ... killed, survived, or inconclusive (the mutant changed nothing)
     killed_by: str | None = None  # ... the check that caught it: exit (<class>), evidence, loss, grad_norm, ...
+    also_killed_by: str | None = None  # ... numerics, where an earlier check caught it first: a later check sees it too
 
     @classmethod
     def infra(cls, cell, line, culprit=None, not_run=False) -> "CellResult":

@@ -138,16 +138,15 @@ def _proofs(run, verbose):
                 f"numerics: {plural(len(compared), 'cell')} compared with their baselines ({equal} bitwise "
                 f"equal, {len(compared) - equal - off} within their tolerances" + (f", {off} outside)" if off else ")")
             )
-            held = [
-                rec["numerics"]["noise"]
-                for rec in compared
-                if str(rec["numerics"].get("noise", "")).startswith("not applied")
-            ]
-            if held:  # the noise file was measured elsewhere: these cells had their lane's wider tolerance
-                lines.append(
-                    f"    {plural(len(held), 'cell')} judged by their lane, not their layout's noise: "
-                    f"{held[0].removeprefix('not applied: ')}"
-                )
+            for kind in ("not applied", "unmeasured"):
+                held = [
+                    rec["numerics"]["noise"] for rec in compared if rec["numerics"].get("noise", "").startswith(kind)
+                ]
+                if held:  # measured elsewhere, or never: these cells had their lane's wider tolerance
+                    lines.append(
+                        f"    {plural(len(held), 'cell')} judged by their lane, not their layout's noise: "
+                        f"{held[0].removeprefix('not applied: ')}"
+                    )
         if checked:
             checks = [e["ok"] for rec in checked for e in rec["evidence"]]
             lines.append(
@@ -165,6 +164,7 @@ def _proofs(run, verbose):
             lines.append(
                 f"    {rec['id']} vs {n['baseline']}: lane {n['lane']}, max |diff| {n['max_abs_diff']:.3g}, "
                 f"max rel {n['max_rel_diff']:.3g}, steps off {n['missed_steps']}{_params_note(n)}"
+                + (f"; {n['noise']}" if n.get("noise") else "")
             )
     if checked:
         lines.append("evidence (the run shows its label: checks that hold / checks, labels checked):")
@@ -260,7 +260,7 @@ def mutation_rows(run, width=110):
                 m["mutant"],
                 cell,
                 verdict,
-                m.get("killed_by") or "-",
+                (m.get("killed_by") or "-") + (" (+ numerics)" if m.get("also_killed_by") else ""),
                 line if len(line) <= width else line[: width - 3] + "...",
             )
         )

@@ -302,9 +302,9 @@ class Book:
             return
         ok, rep = compare(result.losses, base.losses, lane)
         rep["baseline"] = base.id
-        held = noise and first_id(cell.id) in noise.layouts and noise_applies(noise, result.versions, result.machine)
-        if held:  # the layout's noise was measured, but not where it ran: its lane judged it, and it says why
-            rep["noise"] = f"not applied: {held}"
+        said = noise_note(noise, first_id(cell.id), result)
+        if said:  # its lane's tolerances judged it, not its layout's measured noise: the record says why
+            rep["noise"] = said
         result.numerics = rep
         line = None if ok else mismatch_line(rep, base.id)
         stats = param_stats(result.log_dir)
@@ -327,6 +327,36 @@ class Book:
                 {"loss": base.losses, "grad_norm": base.grad_norms},
                 f"{cell.id} vs {base.id}",
             )
+
+
+def numerics_too(book, run, cell, result) -> None:
+    """The mutation tier asks every check: a mutated run an earlier check failed (its label not shown, an invariant
+    broken) is compared with its baseline all the same, and ``also_killed_by`` says whether numerics see it too."""
+    if result.failure_class not in (FailureClass.INVALID_CONFIG, FailureClass.NUMERICS) or result.numerics:
+        return
+    shadow = dataclasses.replace(result, status=Status.PASSED, failure_class=None, error_line=None, error_text=None)
+    shadow.losses = run.target.losses(Path(result.log_dir) / "dump") or result.losses
+    book.check(run, cell, shadow)
+    result.numerics, result.plot = shadow.numerics, shadow.plot
+    if shadow.failure_class == FailureClass.NUMERICS:
+        result.also_killed_by = f"numerics ({shadow.numerics.get('check', 'loss')}): {shadow.error_line}"
+
+
+def noise_note(noise, layout, result) -> str | None:
+    """Why a cell's lane, not its layout's measured noise, judged it (None: the noise narrowed it): the layout's noise
+    measured elsewhere ("not applied: ..."), or never measured on this machine ("unmeasured ...": no noise file, or
+    none with the layout), which on a GPU names the GPU."""
+    if noise is not None and layout in noise.layouts:
+        held = noise_applies(noise, result.versions, result.machine)
+        return f"not applied: {held}" if held else None
+    gpu = (result.machine or {}).get("gpu")
+    where = (
+        f"this GPU ({gpu}, driver {result.machine.get('driver')}, CUDA {result.machine.get('cuda')})"
+        if gpu
+        else ("this machine")
+    )
+    missing = "the profile names no noise file" if noise is None else f"{noise.path.name} has no row for {layout}"
+    return f"unmeasured on {where}: {missing}; its lane's tolerances judged it"
 
 
 def noise_for(numerics, result):

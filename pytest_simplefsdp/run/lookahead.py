@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 
+from ..judge.numerics import lane_for, tolerance
 from ..kinds import Device
 from ..machine import cuda_device_ids
+from ..spec.cells import first_id
+from ..spec.matrix import matches
 from ..words import plural
 from .progress import duration
 from .schedule import plan
@@ -144,3 +147,32 @@ def _command(state, tr, run, cell):
     plan = run.target.evidence_lines(cell)
     if plan:
         tr.write_line(f"  evidence: {'; '.join(plan)}")
+    said = numerics_line(state, run, cell)
+    if said:
+        tr.write_line(f"  numerics: {said}")
+
+
+def numerics_line(state, run, cell) -> str | None:
+    """The baseline a cell will be compared with, in which lane and with which tolerances (None: not compared)."""
+    numerics = run.matrix.numerics
+    lane = lane_for(numerics.lanes, cell.axes) if numerics else None
+    if lane is None:
+        skip = next((x for x in numerics.lanes if not x.compare and any(matches(m, cell.axes) for m in x.match)), None)
+        return f"not compared (lane {skip.name}, {skip.where})" if numerics and skip else None
+    base = state.book.baseline_cell(run, cell)
+    if base is None:
+        return "the baseline itself: the cells of its model and data-parallel degree compare with it"
+    grad, update = tolerance("grad_norm", lane), tolerance("update_norm", lane)
+    files = [n.path.name for n in numerics.noises if first_id(cell.id) in n.layouts]
+    return (
+        f"vs {base.id}, lane {lane.name} (loss rtol {lane.rtol:g}, "
+        f"grad norms rtol {grad[0]:g} to step {grad[2]}, update norms rtol {update[0]:g}); "
+        + (
+            f"narrowed to this layout's noise where {' or '.join(files)} holds (the versions and machine it names)"
+            if files
+            else "the layout's noise unmeasured "
+            + ("on a GPU" if run.matrix.device == Device.CUDA else "here")
+            + (f" (no row in {numerics.noise.path.name})" if numerics.noise else " (no noise file)")
+            + ": the lane's tolerances"
+        )
+    )

@@ -25,7 +25,7 @@ from ..kinds import FailureClass, KnownKind, RecordType, Status
 from ..launch.procs import kill_procs, session_leftovers
 from ..options import settings
 from ..paths import output_root
-from ..run.baselines import Book, Unavailable, param_stats
+from ..run.baselines import Book, Unavailable, numerics_too, param_stats
 from ..run.runner import CellRunner
 from ..spec.cells import first_id
 from ..store.history import History, versions_of
@@ -152,6 +152,8 @@ class MatrixSession:
         if run.matrix.numerics and check:
             with self.phase(run, cell, "its baseline"):  # (the comparison itself is instant)
                 self.book.check(run, cell, result)
+                if cell.mutant:
+                    numerics_too(self.book, run, cell, result)
         return result
 
     def run_judged(self, run, cell, packed=None):

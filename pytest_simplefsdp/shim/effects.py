@@ -19,14 +19,18 @@ accepted and then ignored no longer passes as its label (judge.evidence compares
   ``activation_checkpoint``): full, op (a selective per-op policy), part (wrappers inside the block only) or none;
 * ``inductor_compilation``: the terminal inductor pass that ran on the traced graph (full or regional);
 * ``pp_schedule``: the class of the pipeline schedule whose ``step`` ran (and ``pp_actions``: its actions here);
-* ``spmd_backend``: the SPMD backend the trainer set for the run (torchtitan's ``get_spmd_backend()`` at step 1).
+* ``spmd_backend``: the SPMD backend the trainer set for the run (torchtitan's ``get_spmd_backend()`` at step 1);
+* ``cp_ring``: the ranks torch's ring attention (context parallelism's SDPA, every kernel's) rotated the key/value
+  chunks over, and ``cp_query_seq``: the sequence length of the query chunk it attended with (absent: no ring ran,
+  each rank attended within its own chunk at most).
 """
 
 from . import record
 from .gradmath import local
-from .hooks import after_import
+from .hooks import CP_ATTENTION, after_import
 
 _INDUCTOR = {"graphs": 0}  # graphs inductor compiled in this rank
+_RING = {}  # what the ring attention ran over, written when it changes (it runs per block and step)
 
 
 def placements(p) -> dict:
@@ -286,6 +290,21 @@ def effects():
             return original(*args, **kwargs)
 
         module.compile_fx = compile_fx
+
+    @after_import(CP_ATTENTION, "cp_attention")
+    def ring(module):  # the handlers of every SDPA kernel (and the CPU patch's) look it up when they run
+        original = module._templated_ring_attention
+
+        def _templated_ring_attention(group, seq_dim, op, query, *args, **kwargs):
+            import torch.distributed as dist
+
+            seen = {"cp_ring": dist.get_world_size(group), "cp_query_seq": int(query.size(seq_dim))}
+            if seen != _RING:
+                _RING.update(seen)
+                record.write("effects", seen)
+            return original(group, seq_dim, op, query, *args, **kwargs)
+
+        module._templated_ring_attention = _templated_ring_attention
 
     @after_import("torch.distributed.pipelining.schedules", "schedule")
     def schedule(module):

@@ -15,6 +15,8 @@ import importlib.util
 import os
 import sys
 
+# a module more than one part of the shim attaches to: torch's context-parallel attention (the CPU patch, effects)
+CP_ATTENTION = "torch.distributed.tensor.experimental._context_parallel._attention"
 STARTUP_LINES = []  # what the shim said at start-up: a fork server's ranks repeat it into their own logs
 PENDING = {}  # module name -> [(label, patch)] not applied yet
 ATTACHED = []  # the labels of the patches applied in this process (a forked rank inherits the server's)

@@ -140,6 +140,25 @@ def compile_falls_back_to_eager():
     return 0  # (counted when the eager step runs; 0.2: when parallelize skipped the compile)
 
 
+@mutant("cp_attention_local", "install")
+def cp_attention_local():
+    """Context parallelism shards the sequence (inputs, labels, positions) but never reaches attention: each rank
+    attends only within its own chunk, with no error. SimpleFSDP's parallelize did so from torchtitan's CP refactor
+    (PR 2144, January 2026) to graph_trainer's CP support (PR 3305, May 2026; issue 2808: it "silently
+    malfunctions"), torchtitan 0.2.2 included."""
+
+    def never_applied(module):
+        def apply_cp_to_forward(attention_modules, cp_mesh):
+            _acted("cp_attention_local")
+
+        module.apply_cp_to_forward = apply_cp_to_forward
+
+    # the function, and the name graph_trainer's common_utils imported of it (looked up when it applies CP)
+    for name in ("torchtitan.distributed.context_parallel.api", "torchtitan.experiments.graph_trainer.common_utils"):
+        after_import(name, "mutant:cp_attention_local")(never_applied)
+    return 0  # (counted where CP would have been applied)
+
+
 def _acted(name):
     """Count one place changed by a mutant that acts later than its moment (a patch that runs at training time)."""
     record.write("mutant", {"name": name, "applied": record.read("mutant", "applied", 0) + 1})

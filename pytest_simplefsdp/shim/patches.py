@@ -6,7 +6,7 @@ seen. No patch bridges a torch version: each target runs on the torch its torcht
 import os
 import time
 
-from .hooks import after_import
+from .hooks import CP_ATTENTION, after_import
 
 
 def device_type_cpu():
@@ -78,6 +78,125 @@ def cpu_sdpa_saved():
             return ops
 
         setattr(module, name, save_ops)
+
+
+def cp_ring_attention_cpu():
+    """torch's context parallelism serves SDPA by ring attention for the CUDA kernels only (flash, efficient,
+    cuDNN); a CP rank's CPU SDPA stops at "_scaled_dot_product_flash_attention_for_cpu ... does not have a sharding
+    strategy registered". Serve the CPU flash kernel the same way, with torch's own ring (`_templated_ring_attention`
+    and its backward: the kv chunks rotate over the cp group, the partial outputs merge by their logsumexp, the
+    head-tail load balancer's chunk pairs as on GPU), and its sharding rule (every tensor split on the sequence dim).
+    Sound as on GPU: the CPU kernel returns the logsumexp the merge needs and its backward takes the merged output
+    and logsumexp, as flash's does. Installed with CP's own rules (only while CP's dispatcher is on), so no layout
+    without CP sees it. The CPU kernel wants one head size for q, k and v; deepseek_v3's values are narrower (128
+    vs 192), which sends SDPA to its math path, which CP cannot split ("got mixed torch.Tensor and DTensor"): under
+    CP the values are zero-padded to the queries' head size and the output cut back (exact: the padded columns of
+    the output are zeros, the softmax and its scale are the queries' and keys')."""
+    import torch.nn.functional as F
+
+    sdpa = F.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(query, key, value, *args, **kwargs):
+        width, narrow = query.size(-1), value.size(-1)
+        if narrow >= width or not _on_cp_mesh(query):
+            return sdpa(query, key, value, *args, **kwargs)
+        out = sdpa(query, key, F.pad(value, (0, width - narrow)), *args, **kwargs)
+        return out[..., :narrow]
+
+    F.scaled_dot_product_attention = scaled_dot_product_attention
+
+    @after_import(CP_ATTENTION)
+    def patch(module):
+        import importlib
+
+        rules = importlib.import_module(CP_ATTENTION.rpartition(".")[0] + "._sharding_rules")
+        forward, backward = _cpu_flash_ops()
+        module.custom_ops[forward] = module.custom_ops[backward] = _cpu_ring_handler(module)
+        original = rules.register_cp_sharding_rules
+
+        def register():
+            fresh = not rules._cp_strategy_contexts
+            original()
+            if fresh:  # as torch registers its own (unregister_cp_sharding_rules takes them all back)
+                for op, strategy in ((forward, _cp_forward_strategy), (backward, _cp_backward_strategy)):
+                    context = rules._single_dim_strategy_context(op, strategy, None)
+                    rules._original_strategies[op] = context.__enter__()
+                    rules._cp_strategy_contexts[op] = context
+
+        rules.register_cp_sharding_rules = register
+
+
+def _on_cp_mesh(t) -> bool:
+    """A DTensor of context parallelism's mesh (torchtitan's CP wraps attention's inputs on the cp mesh)."""
+    mesh = getattr(t, "device_mesh", None)
+    return "cp" in (getattr(mesh, "mesh_dim_names", None) or ())
+
+
+def _cpu_flash_ops():
+    import torch
+
+    aten = torch.ops.aten
+    return aten._scaled_dot_product_flash_attention_for_cpu.default, (
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    )
+
+
+def _seq_split():
+    from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlaceholder
+
+    return _ShardingPlaceholder(2)  # [batch, heads, sequence, head_dim]; the logsumexp [batch, heads, sequence]
+
+
+def _cp_forward_strategy(op, args_schema, kwargs_schema):
+    return [[_seq_split() for _ in ("output", "logsumexp", "query", "key", "value")]]
+
+
+def _cp_backward_strategy(op, args_schema, kwargs_schema):
+    names = ("grad_query", "grad_key", "grad_value", "grad_out", "query", "key", "value", "out", "logsumexp")
+    return [[_seq_split() for _ in names]]
+
+
+def _cpu_ring_handler(module):
+    """The DTensor handler of the two CPU ops under CP: ring attention on the local chunks (as torch's
+    ``_sdpa_handler`` does for the CUDA ops)."""
+    from torch.distributed.tensor import DTensor
+
+    forward, backward = _cpu_flash_ops()
+
+    def handler(op_call, args, kwargs):
+        dispatcher = DTensor._op_dispatcher
+        info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
+        dispatcher.sharding_propagator.propagate(info)
+        sharding = info.output_sharding
+        if sharding is None or sharding.needs_redistribute:
+            raise AssertionError(f"{op_call}: CP's inputs must all be split on the sequence dim")
+        names = [a.name for a in op_call._schema.arguments]
+        given = {**dict(zip(names, info.local_args)), **info.local_kwargs}
+        if given.get("attn_mask") is not None or given.get("dropout_p", 0.0):
+            raise NotImplementedError("CP ring attention on CPU: no attn_mask, no dropout")
+        common = dict(is_causal=given.get("is_causal", False), dropout_p=0.0, scale=given.get("scale"))
+        group = info.compute_mesh.get_group()
+        if op_call is forward:
+            local = module._templated_ring_attention(
+                group, 2, forward, query=given["query"], key=given["key"], value=given["value"], **common
+            )
+        else:
+            local = module._templated_ring_attention_backward(
+                group,
+                2,
+                backward,
+                grad_out=given["grad_out"],
+                grad_out_name="grad_out",
+                query=given["query"],
+                key=given["key"],
+                value=given["value"],
+                out=given["out"],
+                logsumexp=given["logsumexp"],
+                **common,
+            )
+        return dispatcher.wrap(local, sharding.output_spec)
+
+    return handler
 
 
 def fsdp2_sum_reduction():
@@ -234,6 +353,7 @@ PATCH_SETS = {  # SIMPLEFSDP_CPU_SHIM names the set: one per torchtitan generati
     "titan03": {
         **SHARED,
         "cpu_sdpa_saved": cpu_sdpa_saved,
+        "cp_ring_attention_cpu": cp_ring_attention_cpu,
         "fsdp2_sum_reduction": fsdp2_sum_reduction,
         "end_of_run_sleep": end_of_run_sleep,
         # main before fe80b63cf (#2774, 2026-04-02) still counted tokens with histc on Long and permuted them with

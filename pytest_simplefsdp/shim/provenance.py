@@ -117,11 +117,34 @@ def cpu_model() -> tuple[str, dict]:
     return model, caches
 
 
+def gpu_machine(torch) -> dict:
+    """What decides a GPU rank's bits besides its code, data and torch: the GPU's model, the driver and the CUDA
+    torch was built with (cuBLAS and cuDNN pick their kernels by them). Read from the driver's /proc files and
+    torch's build info: nothing here initialises CUDA (a rank forked after it must still be able to). {} on a host
+    without NVIDIA's driver."""
+    models = set()
+    for info in Path("/proc/driver/nvidia/gpus").glob("*/information"):
+        try:
+            models |= {
+                v.strip() for k, _, v in (ln.partition(":") for ln in info.read_text().splitlines()) if k == "Model"
+            }
+        except OSError:
+            continue
+    try:
+        driver = Path("/proc/driver/nvidia/version").read_text().split("Kernel Module", 1)[1].split()[0]
+    except (OSError, IndexError):
+        driver = None
+    if not models and not driver:
+        return {}
+    return {"gpu": ", ".join(sorted(models)), "driver": driver, "cuda": torch.version.cuda}
+
+
 def numerics_machine(torch) -> dict:
     """What decides a CPU rank's bits besides its code and data: the ISA of ATen's kernels (the CPU's, or
     ATEN_CPU_CAPABILITY's), MKL's code branch (MKL_CBWR; AUTO follows the CPU), oneDNN's ISA cap, the intra-op
     threads, the CPU's model, vector flags and caches. Read from the environment, cpuinfo and sysfs: nothing here
-    starts a thread pool (a fork server forks after it)."""
+    starts a thread pool (a fork server forks after it). A GPU rank's (no CPU patch set: SIMPLEFSDP_CPU_SHIM unset)
+    adds its GPU's (gpu_machine)."""
     try:
         capability = torch.backends.cpu.get_cpu_capability()
     except Exception:  # noqa: BLE001 - an older torch: the field is left out, never the rank
@@ -135,6 +158,7 @@ def numerics_machine(torch) -> dict:
         "model": model,
         "caches": caches,
         "flags": cpu_flags(),
+        **({} if os.environ.get("SIMPLEFSDP_CPU_SHIM") else gpu_machine(torch)),
     }
 
 

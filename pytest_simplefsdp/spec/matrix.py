@@ -59,6 +59,7 @@ NOISE_KINDS = ("loss", "grad_norm", "update_norm")  # what a noise file measures
 LANE_KEYS = {
     "name",
     "match",
+    "compare",
     "rtol",
     "atol",
     "max_miss",
@@ -119,6 +120,7 @@ class Lane:
     update_rtol: float | None = None  # per-parameter update norms of the optimizer step (default: grad_rtol, grad_atol)
     update_atol: float | None = None
     update_steps: int | None = None  # steps whose update norms are compared (default: every step)
+    compare: bool = True  # false: the cells it takes are not compared (a baseline of theirs would run another config)
 
 
 @dataclass
@@ -588,6 +590,10 @@ def _numerics(path, doc, axes):
                     f"{line_of(path, item, key=key)}: lane {name!r}: {key} must be an integer >= 0, got {steps!r}"
                 )
             numbers[key] = steps
+        compare = item.get("compare", True)
+        if not isinstance(compare, bool):
+            raise MatrixError(f"{line_of(path, item, key='compare')}: lane {name!r}: compare must be true or false")
+        numbers["compare"] = compare
         match = _entries(path, item, "match", axes) if "match" in item else []  # no `match`: every cell
         lanes.append(Lane(str(name), [e.values for e in match] or [{}], where=lwhere, **numbers))
     if not lanes:

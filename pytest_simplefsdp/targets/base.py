@@ -14,9 +14,10 @@ from packaging.version import InvalidVersion, Version
 
 from ..commands import RankCommand
 from ..degrees import PLACED
-from ..judge.evidence import check, read_probes
+from ..judge.evidence import Expect, check, read_probes
 from ..judge.layout import Rule, degree_evidence, memory, stage_evidence
 from ..judge.numerics import lane_for
+from ..kinds import Device
 from ..machine import TRAINERS, installed, source_checkout, torchtitan_trainers
 from ..paths import FIXTURES, SHIM_DIR, probe_folder
 from ..spec.matrix import Matrix, MatrixError
@@ -239,6 +240,8 @@ class TorchtitanTarget(Target):
         # and it changes what runs (inductor refuses the seed era's auto_bucketing pass under it)
         compared = self.matrix.numerics if axes is None else self.compared(axes)
         deterministic = [Flag(name["deterministic"], True, "numerics")] if compared else []
+        if compared and self.matrix.device == Device.CUDA:  # an op with no deterministic CUDA kernel warns, runs on
+            deterministic.append(Flag("debug.deterministic_warn_only", True, "numerics on a GPU", where_present=True))
         return [
             Flag("training.steps", steps, "setting steps"),
             Flag("training.seq_len", s.get("seq_len", 256), "setting seq_len"),
@@ -461,6 +464,24 @@ class TorchtitanTarget(Target):
             *(f"{d.axis}={a[d.axis]} <- effects.params of every parameter" for d in self.placed if d.axis in a),
             *([f"pp={a['pp']} <- effects.layers partitioning the blocks"] if int(a.get("pp", 1)) > 1 else []),
             "memory <- effects.memory against the layout",
+        ]
+
+    def cp_plan(self, axes) -> list:
+        """CP's evidence: the mesh built with its cp dimension, and torch's ring attention (context parallelism's SDPA
+        path, shim/effects.py) rotating the key/value chunks over that many ranks with a query chunk of seq_len / cp:
+        a CP whose attention stays within each rank's chunk (torchtitan issue 2808) shows no ring."""
+        if "cp" not in axes:
+            return []
+        cp, label = int(axes["cp"]), f"cp={axes['cp']}"
+        plan = [Expect(label, "mesh.cp", str(cp), default="1", hooks=("mesh",))]
+        ring = ("cp_attention",)
+        if cp == 1:
+            return [*plan, Expect(label, "effects.cp_ring", "none", default="none", hooks=ring)]
+        seq = int(self.matrix.settings.get("seq_len", 256)) // cp
+        return [
+            *plan,
+            Expect(label, "effects.cp_ring", str(cp), default="none", hooks=ring),
+            Expect(label, "effects.cp_query_seq", str(seq), default="none", hooks=ring),
         ]
 
     def compared(self, axes) -> bool:

@@ -87,11 +87,10 @@ class Titan02(TorchtitanTarget):
         """What the run did, from the shim's effects probe (shim/effects.py): the compile mode from what ran step 1
         (0.2 compiles the whole model with torch.compile: dynamo's graphs), its backend from whether inductor compiled,
         SimpleFSDP from the modules' parametrization, activation checkpointing from the wrappers around each block,
-        the PP schedule from the schedule whose step ran, CP from the mesh built."""
+        the PP schedule from the schedule whose step ran, CP from the mesh built and its ring attention (cp_plan)."""
         a, plan = cell.axes, []
-        step, schedule, mesh = ("train_step",), ("schedule",), ("mesh",)
-        if "cp" in a:
-            plan.append(Expect(f"cp={a['cp']}", "mesh.cp", str(a["cp"]), default="1", hooks=mesh))
+        step, schedule = ("train_step",), ("schedule",)
+        plan.extend(self.cp_plan(a))
         mode = a.get("compile", "eager")
         plan.append(Expect(f"compile={mode}", "effects.compile", "jit" if mode == "compiled" else "eager", hooks=step))
         if mode == "compiled":

@@ -70,8 +70,8 @@ class Titan03(TorchtitanTarget):
     }
     OFFERED_BY = {"spmd_backend": "parallelism.spmd_backend"}
     IMPLICIT = {"spmd_backend": "partial_dtensor"}  # main before PR 3466 (2026-06-06): the one path, no option
-    MODEL_KEYS = ("module", "config")  # required per model; optional: moe, eager_pp_config, cp_config, fsdp2_config
-    MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config")
+    MODEL_KEYS = ("module", "config")  # required per model; optional: MODEL_OPTIONAL (fsdp2_module: default module)
+    MODEL_OPTIONAL = ("moe", "eager_pp_config", "cp_config", "fsdp2_config", "fsdp2_module")
     TRAINER_CLASS = {"simplefsdp": "GraphTrainer", "fsdp2": "Trainer"}
     DEGREE_FLAGS = flags(name)  # axis -> torchtitan option (degrees.py, the one table)
 
@@ -97,7 +97,7 @@ class Titan03(TorchtitanTarget):
                     f"{self.matrix.where('models')}: model {axes['model']!r} has no fsdp2_config, "
                     f"which trainer=fsdp2 cells run"
                 )
-            return facts["module"], facts["fsdp2_config"]
+            return facts.get("fsdp2_module", facts["module"]), facts["fsdp2_config"]  # (GPU: the core model's module)
         if (
             axes.get("pp", 1) > 1
             and axes.get("compile", "aot_fx_trace") != "aot_fx_trace"
@@ -238,14 +238,12 @@ class Titan03(TorchtitanTarget):
         degrees, per parameter, and the pipeline stages are judge.layout's, in ``evidence``): the compile mode from
         what ran step 1, the trainer from the class whose step ran and how data parallelism reached the parameters,
         the memory policy from the traced graph's recompute tags of every block, the inductor strategy from the
-        terminal pass that ran (jit: whether inductor compiled), the PP schedule from the schedule whose step ran. CP
-        alone is read from the mesh built (its effect is on activations, which nothing reads)."""
+        terminal pass that ran (jit: whether inductor compiled), the PP schedule from the schedule whose step ran, CP
+        from the mesh built and the ring its attention ran (cp_plan)."""
         a, plan = cell.axes, []
-        step, schedule, mesh = ("train_step",), ("schedule",), ("mesh",)
+        step, schedule = ("train_step",), ("schedule",)
         passes = ("train_step", "passes")  # what graph_trainer's passes recorded (imported with its trainer)
-        cp = int(a.get("cp", 1))
-        if "cp" in a:
-            plan.append(Expect(f"cp={cp}", "mesh.cp", str(cp), default="1", hooks=mesh))
+        plan.extend(self.cp_plan(a))
         if "spmd_backend" in a:
             plan.append(
                 Expect(f"spmd_backend={a['spmd_backend']}", "effects.spmd_backend", a["spmd_backend"], hooks=step)
