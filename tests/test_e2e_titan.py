@@ -639,3 +639,37 @@ def test_the_profile_benchmark_reuses_the_baseline_warm_and_states_torchtitans_o
     jobs = next(line for line in out.stdout.splitlines() if line.startswith("jobs run (and kept"))
     assert re.findall(r"(\d+) \((\d+)\)", jobs.split(")", 1)[1]) == [("2", "0"), ("2", "0"), ("1", "1")], jobs
     assert "floor: torchtitan's own work in the default, warm run is " in out.stdout
+
+
+def test_context_parallel_on_cpu_ranks_trains_like_its_baseline_and_chunk_local_attention_is_killed(pytester):
+    """CP 2 on gloo ranks (the shim's ring attention for the CPU SDPA kernel): the cell shows its ring (the key/value
+    chunks rotated over both ranks, a query chunk of half the sequence) and trains like the one-rank baseline within
+    its lane; the upstream bug where CP shards the sequence but attention stays within each rank's chunk (torchtitan
+    issue 2808) is killed by that evidence, and the per-parameter numerics see it too."""
+    runs = []
+    for mutants in ([], ["--simplefsdp-mutants=cp_attention_local"]):  # (the second reuses the kept baseline)
+        runs.append(pytester.path / f"run{len(runs)}.json")
+        result = pytester.runpytest_subprocess(
+            "--simplefsdp-matrix",
+            "--simplefsdp-profile=cpu",
+            "-k",
+            "llama3-cp2-eager",
+            *mutants,
+            f"--simplefsdp-json={runs[-1]}",
+            f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+            timeout=1200,
+        )
+        result.assert_outcomes(passed=1)
+    (cell,) = run_doc(runs[0])["cells"]
+    assert cell["status"] == "passed" and cell["numerics"]["lane"] == "close", cell["numerics"]
+    assert 0 < cell["numerics"]["max_rel_diff"] <= 2.0e-4  # another order of the attention's sums, inside the lane
+    ring = [e for e in cell["evidence"] if "effects.cp_" in e["expected"]]
+    assert [e["expected"] for e in ring] == [
+        "effects.cp_ring = 2 on every rank",
+        "effects.cp_query_seq = 128 on every rank",
+    ]
+    assert all(e["ok"] for e in ring), ring
+    (mutated,) = run_doc(runs[1])["mutants"]
+    assert (mutated["mutation"], mutated["killed_by"]) == ("killed", "evidence (cp=2)")
+    assert "expected effects.cp_ring = 2 on every rank, saw none" in mutated["error_line"]
+    assert mutated["also_killed_by"].startswith("numerics (grad_norm): layers.0.attention."), mutated["also_killed_by"]

@@ -323,3 +323,35 @@ def test_a_small_parameters_change_is_judged_relative_to_itself():
     # noise-sized differences still pass, small parameter or large
     quiet = {"grad_norm": {1: {router: 3.2e-4 * (1 + 2.1e-5), embedding: 1.0 + 2.1e-5}}}
     assert compare_params(quiet, base, lane)[0]
+
+
+def test_a_gpu_profiles_cell_is_judged_by_numerics_and_its_tolerances_said_unmeasured_on_that_gpu(
+    run_matrix, pytester, monkeypatch
+):
+    """A GPU profile (two visible devices; fake ranks that record the machine a GPU rank's shim records): its cells
+    are compared with their baseline as on CPU, the one outside its lane fails, and with no noise file measured on
+    that GPU the report says the lane's tolerances judged them, unmeasured there. The dry run names each cell's
+    baseline and lane."""
+    text = fake_matrix(modes=["pass", "perturb"], args=', "--delta", "0.002", "--gpu", "NVIDIA H100 80GB HBM3"')
+    text = text.replace("device: cpu", "device: cuda") + NUMERICS
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    dry = run_matrix(text, "--simplefsdp-dry-run", "-v")
+    dry.stdout.fnmatch_lines(
+        [
+            "*::pass-r2  [[]2 ranks*",
+            "  numerics: the baseline itself: the cells of its model and data-parallel degree compare with it",
+            "*::perturb-r2  [[]2 ranks*",
+            "  numerics: vs baseline-pass-r2, lane close (loss rtol 1e-05, grad norms rtol 1e-05 to step 1, update norms rtol "
+            "1e-05); the layout's noise unmeasured on a GPU (no noise file): the lane's tolerances",
+        ]
+    )
+    out = pytester.path / "run.json"
+    result = run_matrix(text, f"--simplefsdp-json={out}", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    unmeasured = (
+        "unmeasured on this GPU (NVIDIA H100 80GB HBM3, driver 550.54.15, CUDA 12.8): the profile names no noise "
+        "file; its lane's tolerances judged it"
+    )
+    result.stdout.fnmatch_lines(["*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2*"])
+    result.stdout.fnmatch_lines([f"    perturb-r2 vs pass-r2: lane close, max |diff| 0.002,*; {unmeasured}"])
+    assert cells_of(out)["perturb-r2"]["numerics"]["noise"] == unmeasured

@@ -2,7 +2,7 @@
 the device its ranks ran on, first and last loss, from its first rank's log the peak memory torchtitan reported
 (CUDA's caching allocator on a GPU; nothing on CPU, where it prints -0.00GiB) and the median tokens per second, and
 the Triton kernels inductor generated (``@triton.jit`` in the cell's compile trace; 0 on CPU, where inductor writes
-C++; None for a cell without a compile trace).
+C++; None for a cell without a compile trace), and a compared cell's numerics against its baseline.
 
     python benchmarks/gpu/summary.py world1.json trace.json > summary.json
 
@@ -43,6 +43,21 @@ def triton_kernels(log_dir) -> int | None:
     return sum(p.read_text(errors="replace").count("@triton.jit") for p in trace.rglob("*") if p.is_file())
 
 
+def numerics(rep) -> dict:
+    """A compared cell's lane, largest relative loss and step-1 gradient-norm differences from its baseline, and why
+    its lane judged it (unmeasured on this GPU); all None for a cell not compared (a baseline, the trace tier)."""
+    rep = rep or {}
+    params = rep.get("params") if isinstance(rep.get("params"), dict) else {}
+    grads = (params.get("max_rel_diff") or {}).get("grad_norm") or {}
+    return {
+        "lane": rep.get("lane"),
+        "vs": rep.get("baseline"),
+        "loss_rel_diff": rep.get("max_rel_diff"),
+        "grad_rel_diff_step1": grads.get("1"),
+        "tolerances": rep.get("noise"),
+    }
+
+
 def cells(path: Path, part: str) -> list[dict]:
     out = []
     for run in json.loads(path.read_text())["runs"]:
@@ -65,6 +80,7 @@ def cells(path: Path, part: str) -> list[dict]:
                     "last_loss": losses[steps[-1]] if steps else None,
                     "wall": cell.get("wall"),
                     "triton_kernels": triton_kernels(cell.get("log_dir")),
+                    **numerics(cell.get("numerics")),
                     **from_log(next(iter(logs), [])),
                 }
             )

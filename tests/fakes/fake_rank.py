@@ -31,6 +31,7 @@ broken.txt, it decides the mode: a line `MODE` fails that mode as `fail` does, `
 `MODE flaky` every second run, `MODE shift` passes with losses from step 2 off by --delta (numerics moved); a mode
 it does not list passes. Without that file (the torchtitan pytest runs with:
 the pull request's side), the file $FAKE_TORCHTITAN_SAYS decides, where it is set; else the mode acts as given.
+With --gpu MODEL every rank records the machine a GPU rank's shim records (that GPU, a driver, a CUDA).
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
 shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
 recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
@@ -66,6 +67,7 @@ def main():
     p.add_argument("--startup", type=float, default=0.0, help="seconds to sleep before step 1")
     p.add_argument("--at-step", type=int, default=2, help="the step at which --rank misbehaves")
     p.add_argument("--tp", type=int, default=None, help="the TP degree asked; recorded as evidence")
+    p.add_argument("--gpu", default=None, help="a GPU's model: recorded as the shim records a GPU rank's machine")
     p.add_argument("--flag", default=None, help="porttaken, segvonce: the file whose absence makes this try fail")
     p.add_argument("--checkpoint", action="store_true", help="resume from <dump>/checkpoint, save there at the end")
     p.add_argument("--no-load", action="store_true", help="with --checkpoint: ignore the saved one (a broken resume)")
@@ -115,6 +117,8 @@ def main():
         record["mesh"] = {"tp": 1 if a.mode == "ignoretp" else a.tp}
     if mutant and mutant != "idle":
         record["mutant"] = {"name": mutant, "applied": 1}
+    if a.gpu:  # (canned: shim.provenance.gpu_machine's fields)
+        record["machine"] = {"gpu": a.gpu, "driver": "550.54.15", "cuda": "12.8"}
     if record and os.environ.get("SIMPLEFSDP_EVIDENCE_DIR"):
         evidence = os.environ["SIMPLEFSDP_EVIDENCE_DIR"]
         os.makedirs(evidence, exist_ok=True)
