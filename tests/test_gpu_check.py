@@ -63,13 +63,23 @@ def test_the_gpu_check_rehearsed_on_cpu_writes_its_files_and_says_it_ran_no_gpu(
     log = done.stdout + done.stderr
     assert done.returncode == 0, log
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["log.txt", "runs.tgz", "summary.json", "trace.json", "trace.md", "world1.json", "world1.md"]
+    assert files == [
+        "log.txt",
+        "noise-world1.yaml",
+        "runs.tgz",
+        "summary.json",
+        "trace.json",
+        "trace.md",
+        "world1.json",
+        "world1.md",
+    ]
     assert "CPU rehearsal (CPU_REHEARSAL=1): no CUDA" in log and "torchtitan 0.2.2" in log
     summary = json.loads((out / "summary.json").read_text())
     cells = {(c["part"], c["id"]): c for c in summary["cells"]}
     assert sorted(cells) == [
         ("trace", "llama3-dpr2-dp2-tp2-compiled"),
         ("world1", "deepseek_v3-dp1-eager"),
+        ("world1", "llama3-dp1-compiled"),
         ("world1", "llama3-dp1-eager"),
     ], summary
     assert all(c["device"] == "cpu" and c["peak_memory_gib"] is None for c in cells.values())  # CPU: no allocator
@@ -77,6 +87,16 @@ def test_the_gpu_check_rehearsed_on_cpu_writes_its_files_and_says_it_ran_no_gpu(
         world1 = cells[("world1", f"{model}-dp1-eager")]
         assert world1["status"] == "passed" and world1["last_loss"] < world1["first_loss"] and world1["tokens_per_s"]
         assert world1["tier"] == "real" and world1["triton_kernels"] is None  # (eager: no compile trace)
+    # the numerics path: the compiled cell against the eager one, its lane's tolerances said unmeasured here, its
+    # noise written (the trace tier's numbers are a simulated rank's: none)
+    compiled = cells[("world1", "llama3-dp1-compiled")]
+    assert (compiled["vs"], compiled["lane"]) == ("llama3-dp1-eager", "inductor"), compiled
+    assert compiled["loss_rel_diff"] == 0 and compiled["tolerances"].startswith("unmeasured on this machine")
+    noise = (out / "noise-world1.yaml").read_text()
+    assert (
+        "profile titan02-h200x1" in noise and "  llama3-dp1-compiled: {loss: " in noise and "torchtitan: 0.2.2" in noise
+    )
+    assert cells[("trace", "llama3-dpr2-dp2-tp2-compiled")]["lane"] is None
     traced = cells[("trace", "llama3-dpr2-dp2-tp2-compiled")]
     assert (traced["status"], traced["tier"], traced["triton_kernels"]) == ("passed", "trace", 0)  # CPU: C++ kernels
     trace_md = (out / "trace.md").read_text()

@@ -54,7 +54,8 @@ esac
 if [ "$REHEARSAL" = 1 ]; then  # a CPU copy of the one-GPU profile, at a CPU's size (3 steps of 256 tokens, aot_eager);
   # the trace tier picks CPU and its CPU settings by itself (no GPU visible)
   sed -e 's/^device: cuda/device: cpu/' -e 's/^settings: .*/settings: {steps: 3, seq_len: 256, local_batch_size: 2, seed: 42, compile_backend: aot_eager}/' \
-    -e 's/^  backend: \[inductor\]/  backend: [aot_eager]/' "$REPO/benchmarks/gpu/$WORLD1" > "$W/$WORLD1"
+    -e 's/^  backend: \[inductor\]/  backend: [aot_eager]/' -e 's/^  backend: {omit: inductor}/  backend: {omit: aot_eager}/' \
+    "$REPO/benchmarks/gpu/$WORLD1" > "$W/$WORLD1"
   M1=$W/$WORLD1 DEFAULT1=smoke DEFAULT2="llama3-dpr2-dp2-tp2-compiled"  # (EP cells read torch 2.11's garbage splits)
 else
   M1=$REPO/benchmarks/gpu/$WORLD1 DEFAULT1="smoke or not smoke"
