@@ -120,7 +120,10 @@ def write(log_dir, ranks):
     for rank, eff in enumerate(ranks):
         (folder / f"rank{rank}.json").write_text(
             json.dumps(
-                {"probe": {"started": "yes", "hooks": ["train_step", "passes", "schedule", "mesh"]}, "effects": eff}
+                {
+                    "probe": {"started": "yes", "hooks": ["train_step", "passes", "schedule", "mesh", "cp_attention"]},
+                    "effects": eff,
+                }
             )
         )
     return log_dir
