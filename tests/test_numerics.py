@@ -355,3 +355,31 @@ def test_a_gpu_profiles_cell_is_judged_by_numerics_and_its_tolerances_said_unmea
     result.stdout.fnmatch_lines(["*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2*"])
     result.stdout.fnmatch_lines([f"    perturb-r2 vs pass-r2: lane close, max |diff| 0.002,*; {unmeasured}"])
     assert cells_of(out)["perturb-r2"]["numerics"]["noise"] == unmeasured
+
+
+def test_a_gpu_ranks_machine_names_its_gpu_and_a_noise_file_holds_only_on_that_gpu(tmp_path):
+    """A GPU rank records its GPU's model, driver and CUDA (read from the driver's files, never initialising CUDA);
+    a noise file measured on one GPU does not hold on another, and says which field differs."""
+    from types import SimpleNamespace
+
+    from pytest_simplefsdp.judge.numerics import noise_applies, numerics_key
+    from pytest_simplefsdp.shim.provenance import gpu_machine
+    from pytest_simplefsdp.spec.matrix import Noise
+
+    torch = SimpleNamespace(version=SimpleNamespace(cuda="12.8"))
+    assert gpu_machine(torch, tmp_path / "none") == {}  # no NVIDIA driver: a CPU host
+    driver = tmp_path / "nvidia"
+    for bus in ("0000:18:00.0", "0000:2a:00.0"):
+        (driver / "gpus" / bus).mkdir(parents=True)
+        (driver / "gpus" / bus / "information").write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 17\n")
+    (driver / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\n")
+    h100 = {**SPR, **gpu_machine(torch, driver)}
+    assert (h100["gpu"], h100["driver"], h100["cuda"]) == ("NVIDIA H100 80GB HBM3", "550.54.15", "12.8")
+    noise = Noise(tmp_path / "n.yaml", 5.0, 1e-6, {"torch": "2.14.1", "machine": numerics_key(h100)}, {})
+    ran = {"torch": "2.14.1"}
+    assert noise_applies(noise, ran, h100) is None
+    h200 = {**h100, "gpu": "NVIDIA H200"}
+    assert noise_applies(noise, ran, h200) == (
+        "this run's GPU numerics differ from the machine measured: gpu 'NVIDIA H200' (measured: 'NVIDIA H100 80GB HBM3')"
+    )
+    assert "driver '560.35.03' (measured: '550.54.15')" in noise_applies(noise, ran, {**h100, "driver": "560.35.03"})

@@ -130,12 +130,10 @@ def noise_applies(noise, versions, machine) -> str | None:
     if mine is None:
         return "this run's ranks did not record their machine" + (" (they disagree)" if machine else "")
     if theirs != mine:
-        differ = [
-            f"{k} {mine.get(k)!r} (measured: {theirs.get(k)!r})"
-            for k in NUMERICS_FIELDS
-            if theirs.get(k) != mine.get(k)
-        ]
-        return f"this run's CPU numerics differ from the machine measured: {'; '.join(differ)}"
+        keys = [k for k in NUMERICS_FIELDS if theirs.get(k) != mine.get(k)]
+        differ = [f"{k} {mine.get(k)!r} (measured: {theirs.get(k)!r})" for k in keys]
+        device = "GPU" if {"gpu", "driver", "cuda"} & set(keys) else "CPU"
+        return f"this run's {device} numerics differ from the machine measured: {'; '.join(differ)}"
     return None
 
 

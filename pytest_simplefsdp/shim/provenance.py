@@ -117,13 +117,13 @@ def cpu_model() -> tuple[str, dict]:
     return model, caches
 
 
-def gpu_machine(torch) -> dict:
+def gpu_machine(torch, driver_dir="/proc/driver/nvidia") -> dict:
     """What decides a GPU rank's bits besides its code, data and torch: the GPU's model, the driver and the CUDA
     torch was built with (cuBLAS and cuDNN pick their kernels by them). Read from the driver's /proc files and
     torch's build info: nothing here initialises CUDA (a rank forked after it must still be able to). {} on a host
     without NVIDIA's driver."""
     models = set()
-    for info in Path("/proc/driver/nvidia/gpus").glob("*/information"):
+    for info in Path(driver_dir, "gpus").glob("*/information"):
         try:
             models |= {
                 v.strip() for k, _, v in (ln.partition(":") for ln in info.read_text().splitlines()) if k == "Model"
@@ -131,7 +131,7 @@ def gpu_machine(torch) -> dict:
         except OSError:
             continue
     try:
-        driver = Path("/proc/driver/nvidia/version").read_text().split("Kernel Module", 1)[1].split()[0]
+        driver = Path(driver_dir, "version").read_text().split("Kernel Module", 1)[1].split()[0]
     except (OSError, IndexError):
         driver = None
     if not models and not driver:
