@@ -355,7 +355,8 @@ def noise_note(noise, layout, result) -> str | None:
         if gpu
         else ("this machine")
     )
-    missing = "the profile names no noise file" if noise is None else f"{noise.path.name} has no row for {layout}"
+    named = f"{noise.path.parent.name}/{noise.path.name}" if noise is not None else ""
+    missing = f"{named} has no row for {layout}" if named else "the profile names no noise file"
     return f"unmeasured on {where}: {missing}; its lane's tolerances judged it"
 
 
