@@ -21,7 +21,8 @@ def test_shim_says_what_it_applied_and_honours_skips():
     assert out.returncode == 0, out.stderr
     assert (
         "[simplefsdp-shim] applied: device_type_cpu,cpu_memory_monitor,barrier_device_ids,"
-        "dram_bandwidth_constant,fsdp2_sum_reduction,end_of_run_sleep,histc_integer_input,fill_indices_tensor_ops; skipped: cpu_sdpa_saved"
+        "dram_bandwidth_constant,cp_ring_attention_cpu,fsdp2_sum_reduction,end_of_run_sleep,histc_integer_input,"
+        "fill_indices_tensor_ops; skipped: cpu_sdpa_saved"
     ) in out.stderr
 
 

@@ -155,10 +155,12 @@ def _command(state, tr, run, cell):
 def numerics_line(state, run, cell) -> str | None:
     """The baseline a cell will be compared with, in which lane and with which tolerances (None: not compared)."""
     numerics = run.matrix.numerics
-    lane = lane_for(numerics.lanes, cell.axes) if numerics else None
+    if not numerics:
+        return None
+    lane = lane_for(numerics.lanes, cell.axes)
     if lane is None:
         skip = next((x for x in numerics.lanes if not x.compare and any(matches(m, cell.axes) for m in x.match)), None)
-        return f"not compared (lane {skip.name}, {skip.where})" if numerics and skip else None
+        return f"not compared (lane {skip.name}, {skip.where})" if skip else None
     base = state.book.baseline_cell(run, cell)
     if base is None:
         return "the baseline itself: the cells of its model and data-parallel degree compare with it"
