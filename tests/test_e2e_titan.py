@@ -666,7 +666,7 @@ def test_context_parallel_on_cpu_ranks_trains_like_its_baseline_and_chunk_local_
     ring = [e for e in cell["evidence"] if "effects.cp_" in e["expected"]]
     assert [e["expected"] for e in ring] == [
         "effects.cp_ring = 2 on every rank",
-        "effects.cp_query_seq = 128 on every rank",
+        "effects.cp_chunk_seq = 128 on every rank",
     ]
     assert all(e["ok"] for e in ring), ring
     (mutated,) = run_doc(runs[1])["mutants"]

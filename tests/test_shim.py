@@ -331,3 +331,31 @@ def test_context_parallel_attention_on_cpu_ranks_is_the_whole_sequences(tmp_path
         else:
             assert isinstance(result, list), result
             assert max(result) < 1e-5, result  # output, dq, dk, dv: float rounding only
+
+
+FLEX_CP_CODE = r"""
+import json, os, sys, types
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1)
+api = types.ModuleType("torchtitan.distributed.context_parallel.api")  # stands for 0.3's module (its global)
+api.flex_cp_allgather = lambda k, v, seq_dim, pg_name: (k, v)
+sys.modules[api.__name__] = api
+from pytest_simplefsdp.shim import effects
+effects.effects()
+k = torch.zeros(2, 64, 4, 8)  # [batch, sequence chunk, heads, head_dim], torchtitan's seq_dim 1
+api.flex_cp_allgather(k, k, 1, dist.group.WORLD.group_name)
+print(json.dumps(json.load(open(os.path.join(os.environ["SIMPLEFSDP_EVIDENCE_DIR"], "rank0.json")))["effects"]))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan.trainer") is None, reason="needs torchtitan 0.3 (its torch)")
+def test_flexattentions_cp_all_gather_is_recorded_as_the_ranks_its_attention_saw(tmp_path):
+    """FlexAttention's CP (the GPU profiles' deepseek_v3) all-gathers the key/value chunks instead of torch's ring:
+    the effects probe records it the same way (the ranks whose chunks the attention saw, this rank's chunk)."""
+    from pytest_simplefsdp.launch.procs import free_port
+
+    env = dict(os.environ, PORT=str(free_port()))
+    env["SIMPLEFSDP_EVIDENCE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", FLEX_CP_CODE], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {"cp_ring": 1, "cp_chunk_seq": 64}

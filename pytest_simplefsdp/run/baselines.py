@@ -349,12 +349,10 @@ def noise_note(noise, layout, result) -> str | None:
     if noise is not None and layout in noise.layouts:
         held = noise_applies(noise, result.versions, result.machine)
         return f"not applied: {held}" if held else None
-    gpu = (result.machine or {}).get("gpu")
-    where = (
-        f"this GPU ({gpu}, driver {result.machine.get('driver')}, CUDA {result.machine.get('cuda')})"
-        if gpu
-        else ("this machine")
-    )
+    machine = result.machine or {}
+    where = "this machine"
+    if machine.get("gpu"):
+        where = f"this GPU ({machine['gpu']}, driver {machine.get('driver')}, CUDA {machine.get('cuda')})"
     named = f"{noise.path.parent.name}/{noise.path.name}" if noise is not None else ""
     missing = f"{named} has no row for {layout}" if named else "the profile names no noise file"
     return f"unmeasured on {where}: {missing}; its lane's tolerances judged it"

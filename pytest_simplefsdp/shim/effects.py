@@ -20,9 +20,10 @@ accepted and then ignored no longer passes as its label (judge.evidence compares
 * ``inductor_compilation``: the terminal inductor pass that ran on the traced graph (full or regional);
 * ``pp_schedule``: the class of the pipeline schedule whose ``step`` ran (and ``pp_actions``: its actions here);
 * ``spmd_backend``: the SPMD backend the trainer set for the run (torchtitan's ``get_spmd_backend()`` at step 1);
-* ``cp_ring``: the ranks torch's ring attention (context parallelism's SDPA, every kernel's) rotated the key/value
-  chunks over, and ``cp_query_seq``: the sequence length of the query chunk it attended with (absent: no ring ran,
-  each rank attended within its own chunk at most).
+* ``cp_ring``: the ranks whose key/value chunks each rank's attention saw under context parallelism (torch's ring
+  attention, which every SDPA kernel's CP handler runs, rotating them; FlexAttention's CP all-gathering them), and
+  ``cp_chunk_seq``: the sequence length of this rank's own chunk (absent: neither ran, each rank attended within
+  its own chunk at most).
 """
 
 from . import record
@@ -30,7 +31,7 @@ from .gradmath import local
 from .hooks import CP_ATTENTION, after_import
 
 _INDUCTOR = {"graphs": 0}  # graphs inductor compiled in this rank
-_RING = {}  # what the ring attention ran over, written when it changes (it runs per block and step)
+_RING = {}  # what a CP attention ran over (cp_seen)
 
 
 def placements(p) -> dict:
@@ -243,6 +244,14 @@ def _add(into: dict, counts: dict):
         into[k] = into.get(k, 0) + n
 
 
+def cp_seen(ranks, chunk):
+    """Record what a CP attention ran over (it runs per block and step: written when it changes)."""
+    seen = {"cp_ring": int(ranks), "cp_chunk_seq": int(chunk)}
+    if seen != _RING:
+        _RING.update(seen)
+        record.write("effects", seen)
+
+
 def effects():
     @after_import("torchtitan.experiments.graph_trainer.passes", "passes")
     def passes(module):
@@ -298,13 +307,24 @@ def effects():
         def _templated_ring_attention(group, seq_dim, op, query, *args, **kwargs):
             import torch.distributed as dist
 
-            seen = {"cp_ring": dist.get_world_size(group), "cp_query_seq": int(query.size(seq_dim))}
-            if seen != _RING:
-                _RING.update(seen)
-                record.write("effects", seen)
+            cp_seen(dist.get_world_size(group), query.size(seq_dim))
             return original(group, seq_dim, op, query, *args, **kwargs)
 
         module._templated_ring_attention = _templated_ring_attention
+
+    @after_import("torchtitan.distributed.context_parallel.api", "cp_attention")
+    def gather(module):  # FlexAttention's CP (0.3's forward wrapper looks the name up when it runs)
+        original = getattr(module, "flex_cp_allgather", None)
+        if original is None:
+            return
+
+        def flex_cp_allgather(k, v, seq_dim, pg_name):
+            from torch.distributed import distributed_c10d
+
+            cp_seen(distributed_c10d._get_group_size_by_name(pg_name), k.size(seq_dim))
+            return original(k, v, seq_dim, pg_name)
+
+        module.flex_cp_allgather = flex_cp_allgather
 
     @after_import("torch.distributed.pipelining.schedules", "schedule")
     def schedule(module):

@@ -467,9 +467,9 @@ class TorchtitanTarget(Target):
         ]
 
     def cp_plan(self, axes) -> list:
-        """CP's evidence: the mesh built with its cp dimension, and torch's ring attention (context parallelism's SDPA
-        path, shim/effects.py) rotating the key/value chunks over that many ranks with a query chunk of seq_len / cp:
-        a CP whose attention stays within each rank's chunk (torchtitan issue 2808) shows no ring."""
+        """CP's evidence: the mesh built with its cp dimension, and each rank's attention seeing the key/value chunks
+        of that many ranks (torch's ring for SDPA, FlexAttention's all-gather; shim/effects.py) with a chunk of its own
+        of seq_len / cp: a CP whose attention stays within each rank's chunk (torchtitan issue 2808) shows none."""
         if "cp" not in axes:
             return []
         cp, label = int(axes["cp"]), f"cp={axes['cp']}"
@@ -481,7 +481,7 @@ class TorchtitanTarget(Target):
         return [
             *plan,
             Expect(label, "effects.cp_ring", str(cp), default="none", hooks=ring),
-            Expect(label, "effects.cp_query_seq", str(seq), default="none", hooks=ring),
+            Expect(label, "effects.cp_chunk_seq", str(seq), default="none", hooks=ring),
         ]
 
     def compared(self, axes) -> bool:
