@@ -383,3 +383,39 @@ def test_a_gpu_ranks_machine_names_its_gpu_and_a_noise_file_holds_only_on_that_g
         "this run's GPU numerics differ from the machine measured: gpu 'NVIDIA H200' (measured: 'NVIDIA H100 80GB HBM3')"
     )
     assert "driver '560.35.03' (measured: '550.54.15')" in noise_applies(noise, ran, {**h100, "driver": "560.35.03"})
+
+
+def test_the_gpu_profiles_dry_run_names_each_cells_baseline_and_lane(pytester):
+    """`--simplefsdp-profile=h100x8 --simplefsdp-dry-run -v`: each cell's numerics line (its baseline, lane and
+    tolerances, unmeasured on a GPU), cells of another config not compared, and llama3's CP cells, which run its
+    SDPA twin, compared with a baseline that runs the twin too (one seed checkpoint: the same weights)."""
+    pytest.importorskip("torchtitan.trainer", reason="the shipped GPU profile is torchtitan 0.3's")
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=h100x8",
+        "--simplefsdp-dry-run",
+        "-v",
+        "-k",
+        "llama3-dp4-cp2-eager or deepseek_v3-dp4-tp2-ep2-eager or async_tp_8b",
+    )
+    out = result.stdout.str()
+    twin = "baseline-llama3-dp4-eager-configgraph_trainer_llama3_debugmodel_sdpa"
+    result.stdout.fnmatch_lines(
+        [
+            f"*::{twin}  [[]4 ranks*baseline of 1 cell: llama3-dp4-cp2-eager",
+            "*--config graph_trainer_llama3_debugmodel_sdpa *",
+            "*::llama3-dp4-cp2-eager  [[]8 ranks*",
+            f"  numerics: vs {twin}, lane close (loss rtol 0.0002, grad norms rtol 0.002 to step 1, update norms rtol "
+            "0.003); the layout's noise unmeasured on a GPU (no noise file): the lane's tolerances",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*::deepseek_v3-dp4-tp2-ep2-eager  [[]8 ranks*",
+            "  numerics: vs baseline-deepseek_v3-dp4-eager, lane routed *",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["*async_tp_8b  [[]8 ranks*", "  numerics: not compared (lane another-config, *h100x8.yaml:*)"]
+    )
+    assert "debug.deterministic_warn_only" in out and "--debug.deterministic " in out  # on a GPU: warn only

@@ -88,6 +88,8 @@ class Titan03(TorchtitanTarget):
             return str(o.get("module")), str(o.get("config"))
         facts = self.matrix.models[axes["model"]]
         config = facts["config"]
+        if axes.get("config"):  # a baseline that runs its cells' config (baseline_axes)
+            return facts["module"], axes["config"]
         named = self.feature_options(axes).get("config")
         if named:  # a feature that runs another config of the model (upstream's HybridEP, MinimalAsyncEP, 8B, ...)
             return facts["module"], named
@@ -107,6 +109,16 @@ class Titan03(TorchtitanTarget):
         elif axes.get("cp", 1) > 1 and facts.get("cp_config"):
             config = facts["cp_config"]
         return facts["module"], config
+
+    def baseline_axes(self, axes):
+        """A CP cell of a model that runs CP on a twin config (llama3's SDPA twin on GPU, `cp_config`) is compared with
+        a baseline of that config: the same weights from the same seed checkpoint, so that the comparison is CP's, not
+        FlexAttention's against SDPA's."""
+        base = super().baseline_axes(axes)
+        facts = self.matrix.models.get(axes.get("model"), {})
+        if int(axes.get("cp", 1)) > 1 and facts.get("cp_config") and facts["cp_config"] != facts.get("config"):
+            base["config"] = facts["cp_config"]
+        return base
 
     def job_configs(self, cells):
         configs = super().job_configs(cells)
