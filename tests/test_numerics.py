@@ -1,5 +1,6 @@
 """Numerics: every cell's losses against its baseline; the check can fail."""
 
+import html
 import importlib.util
 
 import pytest
@@ -355,6 +356,8 @@ def test_a_gpu_profiles_cell_is_judged_by_numerics_and_its_tolerances_said_unmea
     result.stdout.fnmatch_lines(["*perturb-r2: [[]numerics[]] loss differs from baseline pass-r2 at step 2*"])
     result.stdout.fnmatch_lines([f"    perturb-r2 vs pass-r2: lane close, max |diff| 0.002,*; {unmeasured}"])
     assert cells_of(out)["perturb-r2"]["numerics"]["noise"] == unmeasured
+    page = next((pytester.path / "runs").rglob("index.html")).read_text()
+    assert html.escape(f"tolerances {unmeasured}") in page  # the page says it too, per compared cell
 
 
 def test_a_gpu_ranks_machine_names_its_gpu_and_a_noise_file_holds_only_on_that_gpu(tmp_path):

@@ -317,6 +317,8 @@ def _numerics(n):
         out += f"; per parameter: {params.get('checked')} compared, first difference " + (
             f"{first['param']} ({first['kind']}, step {first['step']})" if first else "none"
         )
+    if n.get("noise"):  # its lane's tolerances, not its layout's measured noise: unmeasured here, or measured elsewhere
+        out += f"; tolerances {n['noise']}"
     return out
 
 
