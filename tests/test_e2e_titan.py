@@ -528,12 +528,12 @@ def test_the_probe_attaches_when_a_foreign_hook_imports_torchtitan(pytester, fal
     else:
         result.assert_outcomes(failed=1)
         assert cell["failure_class"] == "infra" and "mesh" not in hooks
-        assert cell["error_line"].startswith(
-            "the evidence probe cannot show the label: spmd_backend=partial_dtensor: "
-            "expected effects.spmd_backend = partial_dtensor on every rank, saw "
-            "nothing: the evidence probe's 'train_step' hook did not attach on ranks "
-            "0, 1"
+        assert cell["error_line"].startswith(  # (the first label part the plan checks: cp, from the mesh built)
+            "the evidence probe cannot show the label: cp=1: expected mesh.cp = 1 on every rank, saw nothing: the "
+            "evidence probe's 'mesh' hook did not attach on ranks 0, 1"
         )
+        blind = {e["axis"] for e in cell["evidence"] if e.get("infra")}
+        assert {"cp=1", "spmd_backend=partial_dtensor", "trainer=simplefsdp"} <= blind, cell["evidence"]
 
 
 RESUME = """\

@@ -3,9 +3,14 @@
 import ast
 from pathlib import Path
 
+import pytest
+
 import pytest_simplefsdp
 
 PACKAGE = Path(list(pytest_simplefsdp.__path__)[0])
+# the checks that plant a probe module in the package (a circle, a private use) and the ones that scan it run on one
+# xdist worker, one after the other: a scan beside a planted circle found it (CI, 2026-12-07)
+pytestmark = pytest.mark.xdist_group("package_tree")
 
 
 def private_uses(path):
