@@ -493,11 +493,14 @@ OPTIONS = [
         None,
         "after the run, bisect each new failure (with -k: each failing selected cell) "
         "over the versions of this package (torch or torchtitan) to the window where it "
-        "starts (or stops) failing with its signature; prints the table, writes an issue "
-        "body beside the run, and the window into the cell's known-failures entry under "
+        "starts (or stops) failing with its signature, or (compiler) inside the installed "
+        "versions to the compiler step that breaks it: the compile ladder (eager, traced "
+        "with no graph pass), graph_trainer's passes one off at a time, the smallest set "
+        "that still fails; prints the table, writes an issue body beside the run, and the "
+        "window (or the step) into the cell's known-failures entry under "
         "--simplefsdp-update-known-failures",
-        one_of("torch", "torchtitan", optional=True),
-        metavar="torch|torchtitan",
+        one_of("torch", "torchtitan", "compiler", optional=True),
+        metavar="torch|torchtitan|compiler",
     ),
     Option(
         "bisect-versions",
@@ -679,6 +682,10 @@ class Settings:
             raise pytest.UsageError(
                 "--simplefsdp-sentinel bisects the cells that turned red over what changed since "
                 "they passed: drop --simplefsdp-bisect"
+            )
+        if values["bisect"] == "compiler" and values["bisect_versions"]:
+            raise pytest.UsageError(
+                "--simplefsdp-bisect=compiler searches inside the installed versions: drop --simplefsdp-bisect-versions"
             )
         if values["base"] and (values["twin"] or values["versions"]):
             raise pytest.UsageError(

@@ -673,3 +673,37 @@ def test_context_parallel_on_cpu_ranks_trains_like_its_baseline_and_chunk_local_
     assert (mutated["mutation"], mutated["killed_by"]) == ("killed", "evidence (cp=2)")
     assert "expected effects.cp_ring = 2 on every rank, saw none" in mutated["error_line"]
     assert mutated["also_killed_by"].startswith("numerics (grad_norm): layers.0.attention."), mutated["also_killed_by"]
+
+
+@pytest.mark.e2e
+def test_a_planted_broken_graph_pass_is_named_by_the_compiler_bisection(pytester, monkeypatch):
+    """torchtitan with a miscompiling graph pass (the shim's mutant graph_pass_corrupts_node, in every rank's
+    environment: canonicalize_graph_pass turns the traced step's first aten.add into an aten.sub). The traced cell
+    fails its numerics; --simplefsdp-bisect=compiler walks the ladder (eager, then traced with no graph pass, both
+    passing), turns graph_trainer's passes off one at a time (only the planted one makes it pass) and names it."""
+    monkeypatch.setenv("SIMPLEFSDP_MUTANT", "graph_pass_corrupts_node")
+    out = pytester.path / "run.json"
+    result = pytester.runpytest_subprocess(
+        "--simplefsdp-matrix",
+        "--simplefsdp-profile=cpu",
+        "matrix/cpu.yaml::llama3-dp2-aot_fx_trace-mp_default",
+        "--simplefsdp-bisect=compiler",
+        "--simplefsdp-confirm=1",
+        f"--simplefsdp-json={out}",
+        f"--simplefsdp-artifacts={pytester.path / 'runs'}",
+        timeout=1800,
+    )
+    result.assert_outcomes(failed=1)
+    (found,) = run_doc(out)["bisections"]
+    assert found["culprits"] == ["canonicalize_graph_pass"], found
+    assert found["found"].startswith(
+        "fails with pass canonicalize_graph_pass on, passes with it off; with only it on it fails; "
+        "aot_fx_trace with no graph pass passes; eager passes"
+    )
+    outcomes = {p["version"]: p["outcome"] for p in found["probes"]}
+    assert outcomes.pop("without canonicalize_graph_pass") == "passes"
+    assert outcomes.pop("eager") == outcomes.pop("aot_fx_trace with no graph pass") == "passes"
+    assert outcomes.pop("only canonicalize_graph_pass on") == "fails"
+    assert set(outcomes.values()) == {"fails"}  # every other pass off: still the numerics failure
+    assert "tag_with_memory_policy_pass" in found["passes"] and "regional_inductor_pass" in found["passes"]
+    result.stdout.fnmatch_lines(["*simplefsdp bisect compiler: cpu::llama3-dp2-aot_fx_trace-mp_default: fails with*"])

@@ -36,10 +36,12 @@ def says(repo, broken, message):
     return commit_all(repo, message)
 
 
-def nightlies(run_matrix, pytester, repo, modes):
+def nightlies(run_matrix, pytester, repo, modes, compiled=False):
     """(nightly(commit), its folder): the sentinel's run of a fake matrix of ``modes`` on one torchtitan commit of the
-    checkout, whose broken.txt says which modes fail."""
-    text = fake_matrix(modes=modes, args=', "--torchtitan-says"')
+    checkout, whose broken.txt says which modes fail (``compiled``: the cells are aot_fx_trace ones)."""
+    text = fake_matrix(modes=modes, args=', "--torchtitan-says"' + (', "--compile", "{compile}"' if compiled else ""))
+    if compiled:
+        text = text.replace("  ranks: [", "  compile: [aot_fx_trace]\n  ranks: [", 1)
     text = text.replace("target:\n", f'target:\n  env: {{FAKE_TORCHTITAN_SAYS: "{pytester.path / "none.txt"}"}}\n')
     folder = pytester.path / "nightly"
 
@@ -58,14 +60,14 @@ def nightlies(run_matrix, pytester, repo, modes):
 def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unattended(run_matrix, pytester, main_repo):
     repo = main_repo
     good = says(repo, "", "main, green")
-    nightly, folder = nightlies(run_matrix, pytester, repo, ["pass", "regress", "always"])
+    nightly, folder = nightlies(run_matrix, pytester, repo, ["pass", "regress", "always"], compiled=True)
 
     first = nightly(good)
     first.assert_outcomes(passed=3)
     first.stdout.fnmatch_lines(["*simplefsdp sentinel*", "the first nightly here: its outcomes are the state*"])
     state = json.loads((folder / "nightly.json").read_text())
     assert {k: v["status"] for k, v in state["cells"].items()} == {
-        f"fake::{m}-r2": "passed" for m in ("pass", "regress", "always")
+        f"fake::{m}-aot_fx_trace-r2": "passed" for m in ("pass", "regress", "always")
     }
     harmless = says(repo, "", "harmless")
     planted = says(repo, "regress\nalways\n", "the regression")
@@ -80,7 +82,10 @@ def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unatte
     body = issues[0].read_text()
     assert "(nightly: 2 cell(s) turned red)" in body and f"regressed in @{planted} (last good @{harmless})" in body
     assert f"https://github.com/pytorch/torchtitan/compare/{harmless}...{planted}" in body
-    assert "## Reproducer" in body and f"regress-r2-torchtitan-{head}" in body
+    assert "## Reproducer" in body and f"regress-aot_fx_trace-r2-torchtitan-{head}" in body
+    # a compiled cell's failure is bisected inside tonight's versions too: here the commit broke eager as well
+    assert "**Compiler step:** fails in eager mode too: not a compiler step" in body
+    assert "## Compiler bisection of `" in body and "| eager | fails | 2x fails |" in body
     draft = (out / "known_failures.draft.yaml").read_text()
     # read as YAML: a hash of digits and one `e` (5342917282e0) reads as a number, so the draft writes it quoted
     (entry,) = plain(parse_yaml(draft, "draft"))
@@ -90,11 +95,12 @@ def test_the_sentinel_bisects_a_cell_that_turned_red_and_writes_the_issue_unatte
         [
             "*simplefsdp sentinel*",
             "2 cell(s) turned red since the last nightly (*), 1 bug(s)",
-            f"bug 1: 2 cell(s), *: regressed in @{planted} (last good @{harmless})*",
+            f"bug 1: 2 cell(s), *: regressed in @{planted} (last good @{harmless})*; compiler step: fails in eager "
+            "mode too: not a compiler step; issue body *",
         ]
     )
     # the state moved on: the red cells keep the versions they last passed on; a third nightly, still red, is no news
-    red = state["cells"]["fake::regress-r2"]
+    red = state["cells"]["fake::regress-aot_fx_trace-r2"]
     assert red["status"] == "failed" and red["green"]["torchtitan_commit"] == good
     nightly(head).stdout.fnmatch_lines(["*simplefsdp sentinel*", "0 cell(s) turned red since the last nightly*"])
 

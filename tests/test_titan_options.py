@@ -19,7 +19,7 @@ from pytest_simplefsdp.spec.cells import expand
 from pytest_simplefsdp.spec.matrix import MatrixError, load_matrix
 from pytest_simplefsdp.targets import base as targets
 from pytest_simplefsdp.targets import make_target
-from pytest_simplefsdp.targets.flags import Flag, Options, Spelled
+from pytest_simplefsdp.targets.flags import ANY, Flag, Options, Spelled
 
 from helpers import cells_of
 
@@ -464,6 +464,21 @@ def test_a_literal_value_outside_the_choices_is_named_as_lacking():
     assert error.line() == "this torchtitan's --compile.mode does not take jit (axis compile=jit)"
     assert spelled.argv == ["--compile.mode", "jit"]
     assert options.spell([Flag("compile.mode", "None")]) == Spelled(["--compile.mode", "None"], {})
+
+
+def test_a_compiler_bisection_probe_spells_its_passes_as_tyro_takes_them():
+    """All optional passes off: tyro's negated switch (``--compile.enable_passes False`` is refused as an extra
+    argument); some off: one comma list, with what the cell's own flags turned off kept."""
+    from pytest_simplefsdp.spec.cells import Passes
+    from pytest_simplefsdp.targets.titan03 import with_passes
+
+    options = Options({"compile.enable_passes": ANY, "compile.disable_passes": ANY}, "torchtitan 9.9 (fake)")
+    every = with_passes([Flag("compile.mode", "aot_fx_trace")], Passes(every=True))
+    assert options.spell(every).argv == ["--compile.mode", "aot_fx_trace", "--compile.no_enable_passes"]
+    own = [Flag("compile.disable_passes", "cudagraph_pass", "upstream test")]
+    some = with_passes(own, Passes(off=("regional_inductor_pass", "cudagraph_pass")))
+    assert options.spell(some).argv == ["--compile.disable_passes", "cudagraph_pass,regional_inductor_pass"]
+    assert with_passes(own, None) == own
 
 
 def test_walk_reads_nested_options_and_their_choices():

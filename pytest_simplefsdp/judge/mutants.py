@@ -68,6 +68,12 @@ TITAN03 = (
         "chunk (SimpleFSDP from torchtitan's CP refactor, PR 2144, to graph_trainer's CP support, PR 3305; issue 2808)",
         lambda a: a.get("cp", 1) > 1,
     ),
+    Mutant(
+        "graph_pass_corrupts_node",
+        "a graph pass miscompiles: canonicalize_graph_pass turns the traced step's first aten.add into an aten.sub "
+        "(no error; named by --simplefsdp-bisect=compiler)",
+        _compiled,
+    ),
     # a label applied to part of the model: training unchanged, so only the layout evidence can see it
     Mutant(
         "fsdp_partial",

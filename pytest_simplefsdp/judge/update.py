@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def drafts(profile, failing, passing_axes) -> list[Draft]:
     ]
 
 
-def update_file(path, new_failures, passing_entries, date, check=None, windows=None):
+def update_file(path, new_failures, passing_entries, date, check=None, windows=None, reasons=None):
     """Update a known-failures file as a person would edit it: every untouched line stays byte for byte (quoting,
     comments, blank lines, order), and the result must load again.
 
@@ -62,8 +63,10 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
     loaded back with ``check(path)`` (a MatrixError if it would not load), and only then renamed over the old one.
     ``windows``: entry id -> {first_failing|last_passing|fixed_in: {package: version}} found by a bisection or a twin
     run, written into that entry (or into the new entry of that id). A new failure that passed in one of its
-    confirming runs is added as ``kind: flaky`` with its ``pass_rate``. Returns the lines to report."""
-    windows, path = dict(windows or {}), Path(path)
+    confirming runs is added as ``kind: flaky`` with its ``pass_rate``. ``reasons``: entry id -> a sentence (the
+    compiler step a bisection named) that ends that entry's reason (replacing one it wrote before: it starts with
+    the same words up to its first parenthesis or colon). Returns the lines to report."""
+    windows, path, reasons = dict(windows or {}), Path(path), dict(reasons or {})
     dumper = YAML(typ="rt")
     dumper.indent(mapping=2, sequence=2, offset=0)
     dumper.width = 4096
@@ -71,8 +74,13 @@ def update_file(path, new_failures, passing_entries, date, check=None, windows=N
     doc, lines, spans, ids = _windowed(
         path.read_text() if path.exists() else "", windows, passing_entries, dumper, changes
     )
+    for eid in [e for e in reasons if e in ids and e not in passing_entries]:
+        sentence = reasons.pop(eid)
+        lines = _set_reason(lines, spans[ids[eid]], doc[ids[eid]].get("reason") or "", sentence)
+        changes.append(f"reason of {eid} now ends: {sentence}")
+        doc, lines, spans, ids = _parsed("".join(lines))
     drop = _passing(lines, spans, ids, passing_entries, changes)
-    _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes)
+    _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes, reasons)
     if not changes:  # nothing to say: the file stays as it is, byte for byte
         return changes
     text = "".join(line for n, line in enumerate(lines) if n not in drop)
@@ -110,7 +118,7 @@ def _passing(lines, spans, ids, passing_entries, changes) -> set:
     return drop
 
 
-def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes):
+def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes, reasons=None):
     """Phase 3, in ``lines``: each draft's entry's error replaced where the entry exists and expects another one
     (a changed signature), else a new entry appended (with the window found for it or one of its cells)."""
     added = []
@@ -133,9 +141,14 @@ def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, change
         window = next(
             (windows.pop(k) for k in [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)] if k in windows), {}
         )
+        keys = [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)]
+        sentence = next((reasons.pop(k) for k in keys if k in (reasons or {})), "")
         added.append(eid)
         out = io.StringIO()
-        dumper.dump([_new_entry(draft, eid, pattern, window, date)], out)
+        entry = _new_entry(draft, eid, pattern, window, date)
+        if sentence:
+            entry["reason"] = f"{entry['reason']} {sentence}"
+        dumper.dump([entry], out)
         lines.append(("" if not lines or lines[-1].endswith("\n") else "\n") + out.getvalue())
         changes.append(
             f"added {eid} for {_cells(len(draft.results))} (link: {TODO_LINK!r}: name it; the file loads "
@@ -213,6 +226,32 @@ def _set_window(lines, span, window, dumper):
             lines.insert(last + 1, text)
             last += 1
     return lines
+
+
+def _set_reason(lines, span, reason, sentence):
+    """End the entry's reason with ``sentence``: a folded block's lines stay as they are, the sentence's lines are
+    added after them (one it wrote before, on lines of its own starting with the same words up to its first
+    parenthesis or colon, replaced); a one-line reason becomes a folded block."""
+    first, last = span
+    at = next((n for n in range(first, last + 1) if re.match(r"\s*(- )?reason:", lines[n])), None)
+    lead = re.split(r"[(:]", sentence, maxsplit=1)[0].strip()
+    if at is None:  # (no reason yet)
+        return lines[: last + 1] + ["  reason: >-\n", *_folded(sentence, "    ")] + lines[last + 1 :]
+    end = at + 1
+    while end <= last and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > 2):
+        end += 1  # (the block's lines: indented deeper than the entry's keys)
+    if re.match(r"\s*(- )?reason:\s*[>|][-+]?\s*$", lines[at]) and end > at + 1:
+        kept = lines[at + 1 : end]
+        cut = next((i for i, line in enumerate(kept) if line.strip().startswith(lead)), len(kept))
+        indent = kept[0][: len(kept[0]) - len(kept[0].lstrip())]
+        return lines[: at + 1] + kept[:cut] + _folded(sentence, indent) + lines[end:]
+    kept = str(reason).split(f" {lead}")[0].strip() if not str(reason).startswith(lead) else ""
+    return lines[:at] + ["  reason: >-\n", *_folded(f"{kept} {sentence}".strip(), "    ")] + lines[end:]
+
+
+def _folded(text, indent) -> list[str]:
+    """Lines of a folded block (a path or name is never split: folding would join its halves with a space)."""
+    return [f"{indent}{w}\n" for w in textwrap.wrap(text, 110, break_on_hyphens=False, break_long_words=False)]
 
 
 def _without_empty_flow_list(lines):

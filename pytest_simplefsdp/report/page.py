@@ -97,6 +97,7 @@ def render(doc, folder: Path, inline=False) -> str:
     )
     out.extend(_gate(doc))
     out.extend(_failures(cells, link))
+    out.extend(_bisections(doc, link))
     out.extend(_changes(doc))
     for run in runs:
         out.extend(_run(run, doc.get("comparison") or {}, link))
@@ -150,6 +151,7 @@ def _failures(cells, link):
             )
             log = main_log(rec)
             error = rec.get("error_line") or rec.get("verdict") or ""
+            error += f" (compiler step: {rec['compiler_step']})" if rec.get("compiler_step") else ""
             rank = "" if rec.get("failing_rank") is None else rec["failing_rank"]
             out.append(
                 f"<tr class='{_e(rec['status'])}' data-status='{_e(status_of(rec))}'>"
@@ -160,6 +162,22 @@ def _failures(cells, link):
             )
         out.append("</table>")
     return out
+
+
+def _bisections(doc, link):
+    """--simplefsdp-bisect: per bisected cell, what was searched, what it found, its probes and its issue body."""
+    found = doc.get("bisections") or []
+    if not found:
+        return []
+    out = ["<h2 id='bisections'>Bisections</h2><table class='failures'>"]
+    out.append("<tr><th>cell</th><th>over</th><th>found</th><th>probes</th><th>issue body</th></tr>")
+    for b in found:
+        issue = f"<a href={_q(link(b['issue']))}>issue</a>" if b.get("issue") else ""
+        out.append(
+            f"<tr><td>{_e(b['cell'])}</td><td>{_e(b['package'])}</td><td>{_e(b.get('found') or b.get('error'))}</td>"
+            f"<td>{len(b.get('probes') or [])}</td><td>{issue}</td></tr>"
+        )
+    return out + ["</table>"]
 
 
 def _changes(doc):

@@ -50,6 +50,13 @@ class Found:
     error: str = ""  # why it could not be bisected
     signature: str = ""  # what was bisected where not the record's own: a second regression met in the window
     failing: object = None  # that second regression's failing run (a CellResult), for its issue and draft
+    # a compiler bisection's (session.compiling): the step named in words, the passes named, the failing run's pass
+    # list and the pass its rank was inside when it failed, the search's wall
+    named: str = ""
+    culprits: list = dataclasses.field(default_factory=list)
+    passes: list = dataclasses.field(default_factory=list)
+    running: str = ""
+    wall: float = 0.0
 
 
 class Bisector:
@@ -201,8 +208,6 @@ class Bisector:
         lines += [f"| {' | '.join(str(x).replace('|', '/') for x in row)} |" for row in table(b)]
         # the failing side of the window (a regression fails on its second version, a fix on its first)
         first = next((p for p in b.probes if b.window and p.version in b.window and p.outcome == FAILS), None)
-        log = main_log(rec)
-        tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
         # the failing side, portable: the plugin builds that version set's environment itself (uv), on any machine
         rerun = rerun_command(
             item.run.name, item.cell.id, item.cell.axes, item.run.matrix.tier, failing_set(item, first).label()
@@ -218,12 +223,7 @@ class Bisector:
             rerun,
             "```",
             "",
-            "## The failing rank's log (last lines)",
-            "",
-            "```",
-            *tail,
-            "```",
-            "",
+            *log_section(rec),
         ]
         path.write_text("\n".join(lines))
         return path
@@ -236,6 +236,13 @@ class Bisector:
             f"{p}@{ran[p]}" if (vset.get(p) or "").startswith("@") else f"{p}=={ran[p]}"
             for p in ("torch", "torchtitan")
         ]
+
+
+def log_section(rec) -> list[str]:
+    """An issue body's last section: the last lines of the failing rank's log of a cell record."""
+    log = main_log(rec)
+    tail = Path(log).read_text(errors="replace").splitlines()[-30:] if log and Path(log).is_file() else []
+    return ["## The failing rank's log (last lines)", "", "```", *tail, "```", ""]
 
 
 def against(probe, signature, before):
@@ -301,12 +308,18 @@ def bisect_record(found: Found, repo=None) -> dict:
     cell = f"{found.run.matrix.profile}::{found.cell.id}"
     if found.error:
         return {"cell": cell, "package": found.package, "error": found.error}
+    compiler = (
+        {"culprits": found.culprits, "passes": found.passes, "running": found.running, "wall": round(found.wall, 1)}
+        if found.named
+        else {}
+    )
     return {
         "cell": cell,
         "package": found.package,
         **({"second_regression": found.signature} if found.signature else {}),
         "issue": str(found.issue),
         "found": window_words(found, repo),
+        **compiler,
         **found.bisection.record(),
     }
 

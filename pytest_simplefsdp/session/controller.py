@@ -25,6 +25,7 @@ from ..versions.git import find_commit
 from ..words import plural
 from ..yamlio import MatrixError
 from .bisecting import Bisector
+from .compiling import PACKAGE, CompilerBisector
 from .items import CellItem, MatrixCollector
 from .reporting import Reporter
 from .sentinel import Sentinel
@@ -270,7 +271,10 @@ class Controller:
             and self.worker is None
             and not self.config.option.collectonly
         ):
-            self.reporter.bisections = Bisector(state).run(state.store.records, self.reporter.selected)
+            bisector = Bisector(state)
+            if self.settings.bisect == PACKAGE:  # inside the installed versions: which compiler step
+                bisector = CompilerBisector(state, bisector)
+            self.reporter.bisections = bisector.run(state.store.records, self.reporter.selected)
         if (
             self.settings.sentinel
             and not self.settings.dry_run

@@ -14,6 +14,7 @@ from ..keys import CONTROLLER
 from ..kinds import Mutation, Status
 from ..paths import shown
 from ..spec.cells import Cell, rerun_command
+from .compiling import compiled
 
 
 def controller_of(config):
@@ -155,6 +156,8 @@ def failure_text(r, rerun, root="."):
     lines.extend(f"  {d}" for d in r.details)
     lines.append(f"  logs: {shown(r.log_dir, root)}")
     lines.append(f"  rerun: {rerun}")
+    if compiled(r.axes, {"failure_class": r.failure_class}):
+        lines.append(f"  which compiler step: {rerun} --simplefsdp-bisect=compiler")
     command = Path(r.log_dir or ".") / "command.txt"
     if r.log_dir and command.is_file():  # (every rank's environment and argv, this machine's paths: a file)
         lines.append(f"  the ranks' command: {shown(command, root)}")

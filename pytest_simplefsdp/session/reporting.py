@@ -155,13 +155,22 @@ class Reporter:
                 f"simplefsdp bisect {found.package}: {cell}{second}: "
                 f"{window_words(found, self.settings.torchtitan_repo)}"
             )
+            what = "step" if found.named else "version"
             tr.write_line(
                 tabulate(
                     bisect_table(b),
-                    headers=("version", "outcome", "runs", "signature or line", "wall"),
+                    headers=(what, "outcome", "runs", "signature or line", "wall"),
                     tablefmt="simple",
                 )
             )
+            if found.named:  # (a compiler bisection: its probes are the steps it tried)
+                inside = f"; its ranks failed inside {found.running}" if found.running else ""
+                tr.write_line(
+                    f"{len(b.probes)} probe{'' if len(b.probes) == 1 else 's'} in {found.wall:.0f}s; the failing "
+                    "run's graph passes: "
+                    f"{', '.join(found.passes) or 'none recorded'}{inside}; issue body: {found.issue}"
+                )
+                continue
             tr.write_line(f"{len(b.probes)} versions probed of {len(b.versions)}; issue body: {found.issue}")
 
     def write_files(self, tr, doc):
@@ -219,6 +228,17 @@ class Reporter:
                             out[eid] = {"first_failing": changed, "last_passing": {p: was[p] for p in changed}}
         return out
 
+    def reasons(self) -> dict:
+        """Entry id -> the compiler step a compiler bisection named for its cell (the cell's known failure, else its
+        new entry), said as the end of the entry's reason."""
+        today, out = datetime.date.today().isoformat(), {}
+        # of an entry's cells, the one whose search named the most (a pass, then a rung) speaks for it
+        named = sorted((f for f in self.bisections if f.named), key=lambda f: (bool(f.culprits), "already" in f.named))
+        for f in named:
+            words = f"Compiler bisection ({today}, {f.cell.id}, {len(f.bisection.probes)} probes): {f.named}."
+            out[f.record.get("known_failure") or f"{f.run.matrix.profile}-{f.cell.id}"] = words
+        return out
+
     def update_known_failures(self):
         """--simplefsdp-update-known-failures: new failures added, entries whose cells all passed removed. The file
         that judged the run is updated; the shipped one never is (it lies in the installed package): the update goes
@@ -259,6 +279,7 @@ class Reporter:
                 datetime.date.today().isoformat(),
                 check=lambda written: load_known_failures(written, None),
                 windows=self.windows(),
+                reasons=self.reasons(),
             )
         except (MatrixError, ValueError) as e:  # the old file stays as it was
             self.update_lines = [f"not updated: the new text would not load: {e}"]

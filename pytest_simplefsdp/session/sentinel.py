@@ -23,6 +23,7 @@ from ..spec.cells import cell_id
 from ..versions.sets import INSTALLED, cell_set
 from ..yamlio import MatrixError
 from .bisecting import Bisector, installed_releases, window_of, window_words
+from .compiling import PACKAGE, CompilerBisector, compiled
 
 STATE = "nightly.json"
 
@@ -98,6 +99,10 @@ class Sentinel:
         for (window, pinned), pairs in groups.items():
             # (a pinned cell is not tonight's run: tonight's record is no probe of its versions)
             found += Bisector(self.state, *window, reuse=not pinned).run(records, pairs)
+        # a compiled cell's failure: which compiler step breaks it, on tonight's versions
+        tonight = [(run, cell) for run, cell, rec, _ in self.red if compiled(cell.axes, rec)]
+        if tonight:
+            found += CompilerBisector(self.state, Bisector(self.state)).run(records, tonight)
         return found
 
     def write(self, records, selected, found) -> list:
@@ -108,8 +113,10 @@ class Sentinel:
         (self.out / "issues").mkdir(parents=True, exist_ok=True)
         (self.out / "run.json").write_text(json.dumps(self.state.store.document(), indent=1) + "\n")
         bisected = {}  # (matrix, cell id, signature) -> the searches that found its window (torchtitan's first)
+        steps = {(f.run.name, f.cell.id): f for f in found if f.package == PACKAGE and f.named}
         for f in found:
-            bisected.setdefault((f.run.name, f.cell.id, f.signature or f.record.get("signature")), []).append(f)
+            if f.package != PACKAGE:
+                bisected.setdefault((f.run.name, f.cell.id, f.signature or f.record.get("signature")), []).append(f)
         runs = {run.name: run for run, _ in selected}
         bugs = []  # one per signature and profile: update.drafts groups them as the update command does
         for run in dict.fromkeys(r for r, *_ in self.red):
@@ -128,7 +135,8 @@ class Sentinel:
                 iter(searches), None
             )
             path = self.out / "issues" / f"{n}-{slug(draft.id)}.md"
-            path.write_text(issue_body(run, draft, found_one, self.state.settings.torchtitan_repo))
+            step = next((steps[(run.name, r.id)] for r in draft.results if (run.name, r.id) in steps), None)
+            path.write_text(issue_body(run, draft, found_one, self.state.settings.torchtitan_repo, step))
             if found_one is not None and window_of(found_one):
                 windows[draft.id] = window_of(found_one)
             where = (
@@ -136,6 +144,7 @@ class Sentinel:
                 if found_one
                 else "no window: it last passed on the same versions"
             )
+            where += f"; compiler step: {step.named}" if step else ""
             lines.append(
                 f"bug {n}: {len(draft.results)} cell(s), {draft.results[0].signature}: {where}; issue body {path}"
             )
@@ -200,20 +209,23 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:80]
 
 
-def issue_body(run, draft, found, repo) -> str:
+def issue_body(run, draft, found, repo, step=None) -> str:
     """One bug's issue body: its cells, its signature, and (where bisected) the bisection's own body: window,
-    probes, portable reproducer and the failing rank's log."""
+    probes, portable reproducer and the failing rank's log; where a compiled cell's failure was bisected inside
+    tonight's versions (``step``), the compiler step and that bisection's probes at the end."""
     cells = "\n".join(f"- `{run.matrix.profile}::{r.id}`: {r.error_line}" for r in draft.results)
     head = [
         f"# {draft.results[0].error_line} (nightly: {len(draft.results)} cell(s) turned red)",
         "",
         f"**Signature:** `{draft.results[0].signature}`",
+        *([f"**Compiler step:** {step.named}"] if step else []),
         "",
         "## Cells",
         "",
         cells,
         "",
     ]
+    tail = ["", f"## Compiler bisection of `{step.cell.id}`", "", Path(step.issue).read_text()] if step else []
     if found is None or found.issue is None:
         return "\n".join(
             head
@@ -223,6 +235,7 @@ def issue_body(run, draft, found, repo) -> str:
                 + ".",
                 "",
             ]
+            + tail
         )
     return "\n".join(
         head
@@ -233,4 +246,5 @@ def issue_body(run, draft, found, repo) -> str:
             "",
             Path(found.issue).read_text(),
         ]
+        + tail
     )

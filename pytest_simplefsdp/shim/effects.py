@@ -252,6 +252,36 @@ def cp_seen(ranks, chunk):
         record.write("effects", seen)
 
 
+def graph_passes(apply, name_of):
+    """graph_trainer's pass runner, recording which passes ran (``graph_passes``, in order; those run whatever
+    --compile.disable_passes says: ``graph_passes_mandatory``, GraphPP's normalization) and the pass running
+    (``graph_pass_running``: left set when a rank's error came from inside it). The compiler bisection reads the list of the
+    failing run, and each probe shows the passes it turned off did not run."""
+
+    def started(fn, name):
+        def run(*args, **kwargs):
+            record.write("effects", {"graph_pass_running": name})
+            out = fn(*args, **kwargs)
+            record.write("effects", {"graph_pass_running": ""})  # (left set only by a pass that never returned)
+            return out
+
+        run.__name__ = name  # (apply_graph_passes filters and logs passes by name)
+        return run
+
+    def apply_graph_passes(gm, example_inputs, passes, *args, **kwargs):
+        names = [name_of(fn) for fn in passes]
+        respected = kwargs.get("respect_disable_passes", True)
+        off = set(getattr(kwargs.get("compile_config"), "disable_passes", None) or []) if respected else set()
+        ran = record.read("effects", "graph_passes", [])
+        mandatory = record.read("effects", "graph_passes_mandatory", [])
+        ran += [n for n in names if n not in off and n not in ran]
+        mandatory += [n for n in names if not respected and n not in mandatory]
+        record.write("effects", {"graph_passes": ran, "graph_passes_mandatory": mandatory})
+        return apply(gm, example_inputs, [started(fn, n) for fn, n in zip(passes, names)], *args, **kwargs)
+
+    return apply_graph_passes
+
+
 def effects():
     @after_import("torchtitan.experiments.graph_trainer.passes", "passes")
     def passes(module):
@@ -278,6 +308,8 @@ def effects():
 
         if remat is not None:
             module.selective_activation_remat_pass = selective_activation_remat_pass
+        if hasattr(module, "apply_graph_passes") and hasattr(module, "_get_pass_name"):
+            module.apply_graph_passes = graph_passes(module.apply_graph_passes, module._get_pass_name)
         for kind, name in (("full", "full_inductor_compilation_pass"), ("regional", "regional_inductor_pass")):
             original = getattr(module, name, None)
             if original is None:

@@ -159,6 +159,33 @@ def cp_attention_local():
     return 0  # (counted where CP would have been applied)
 
 
+@mutant("graph_pass_corrupts_node", "install")
+def graph_pass_corrupts_node():
+    """A graph pass miscompiles: graph_trainer's canonicalize_graph_pass turns the traced step's first aten.add into
+    an aten.sub (the shapes agree, nothing fails; the step computes something else). The compiler bisection must
+    name that pass (--simplefsdp-bisect=compiler)."""
+
+    @after_import("torchtitan.experiments.graph_trainer.passes", "mutant:graph_pass_corrupts_node")
+    def corrupt(module):
+        import torch
+
+        original = module.canonicalize_graph_pass
+
+        def canonicalize_graph_pass(gm, *args, **kwargs):
+            out = original(gm, *args, **kwargs)
+            graph = out if hasattr(out, "graph") else gm
+            add = next((n for n in graph.graph.nodes if n.target is torch.ops.aten.add.Tensor), None)
+            if add is not None:
+                add.target = torch.ops.aten.sub.Tensor
+                graph.recompile()
+                _acted("graph_pass_corrupts_node")
+            return out
+
+        module.canonicalize_graph_pass = canonicalize_graph_pass
+
+    return 0  # (counted when the pass changed a node)
+
+
 def _acted(name):
     """Count one place changed by a mutant that acts later than its moment (a patch that runs at training time)."""
     record.write("mutant", {"name": name, "applied": record.read("mutant", "applied", 0) + 1})

@@ -13,6 +13,18 @@ from .matrix import RULE_FUNCTIONS, Matrix, MatrixError
 from .upstream import upstream_axes
 
 
+@dataclass(frozen=True)
+class Passes:
+    """The graph passes a compiler bisection's probe turns off (session.compiling): all of graph_trainer's optional
+    ones (``every``: --compile.enable_passes False) or the named ones (--compile.disable_passes)."""
+
+    off: tuple[str, ...] = ()
+    every: bool = False
+
+    def label(self) -> str:
+        return "no graph passes" if self.every else "without " + ", ".join(self.off) if self.off else "every pass"
+
+
 @dataclass
 class Cell:
     id: str
@@ -21,6 +33,7 @@ class Cell:
     smoke: bool = False
     where: str = ""  # the matrix line the cell came from (axes or an include entry)
     mutant: str | None = None  # the bug re-injected into this run of the cell (the mutation tier)
+    passes: Passes | None = None  # graph passes a compiler bisection's probe turned off
 
     def attempt(self, name: str, **changes) -> "Cell":
         """The cell run once more as ``name`` (confirm2, a base or probe run, a baseline's retry): its id, and so

@@ -1,5 +1,6 @@
 """The command target: any program, started once per rank (``target: {command: [...], env: {...}}``), with
-placeholders ``{axis}``, ``{setting}``, ``{python}``, ``{nproc}``, ``{port}``, ``{dump_folder}``, ``{matrix_dir}``.
+placeholders ``{axis}``, ``{setting}``, ``{python}``, ``{nproc}``, ``{port}``, ``{dump_folder}``, ``{matrix_dir}``,
+``{passes_off}`` (a compiler bisection's probe: the graph passes it turns off, comma-separated, ``*`` for all).
 The plugin's own tests use it with small fake targets; a project can run its own scripts through it."""
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class CommandTarget(Target):
                 f"'<section>.<name>', got {self.expects!r}"
             )
         known = set(matrix.axes) | set(matrix.settings) | {"python", "nproc", "port", "dump_folder", "matrix_dir"}
+        known.add("passes_off")
         for part in [*self.argv, *self.env.values(), *(p for argv in self.steps.values() for p in argv)]:
             for _, name, _, _ in string.Formatter().parse(str(part)):
                 if name and name not in known:
@@ -80,6 +82,7 @@ class CommandTarget(Target):
             "port": port,
             "dump_folder": dump_folder,
             "matrix_dir": self.matrix.path.parent.resolve(),
+            "passes_off": "" if cell.passes is None else "*" if cell.passes.every else ",".join(cell.passes.off),
         }
         name = cell.axes.get("feature", "none")  # a feature's flags go at the end, each later run's after them
         extra = [*self.matrix.features.get(name, []), *(self.matrix.feature_runs[name][run - 1] if run else [])]

@@ -38,7 +38,7 @@ class Flag:
     0.2.0's)."""
 
     name: str  # dotted, e.g. "training.seq_len"
-    value: object = True  # True: a bare switch (--training.disable_cuda_graphs)
+    value: object = True  # True / False: a switch (--training.disable_cuda_graphs, --compile.no_enable_passes)
     source: str = ""  # what asked for it, for error lines: "axis backend=inductor", "setting seq_len"
     # a switch that turns off what later torchtitans added (CUDA graphs): left out where this one has no such option
     where_present: bool = False
@@ -206,7 +206,7 @@ class Options:
                 continue
             choices = self.names[name]
             value = spelled_value(name, value, choices)
-            if choices is not ANY and value is not True and str(value) not in choices:
+            if choices is not ANY and not isinstance(value, bool) and str(value) not in choices:
                 error = f"--{name} {value}: {self.origin} accepts {', '.join(choices)}"
                 lacking.append(OptionError(flag, error, offered=choices))
             argv += _argv(name, value)
@@ -220,7 +220,12 @@ def unchecked(flags: list[Flag]) -> Spelled:
 
 
 def _argv(name, value):
-    return [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    """A switch as tyro writes it (True: ``--compile.enable_passes``, False: ``--compile.no_enable_passes``); else the
+    option and its value."""
+    if isinstance(value, bool):
+        section, _, option = name.rpartition(".")
+        return [f"--{name}"] if value else [f"--{section + '.' if section else ''}no_{option}"]
+    return [f"--{name}", str(value)]
 
 
 def _cache_key(python, module, config, env):

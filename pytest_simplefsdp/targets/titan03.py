@@ -17,6 +17,18 @@ from .base import FILE_DEFINED, TP_REPLICATED, TorchtitanTarget, merged, shim_en
 from .flags import MICROBATCH, Flag
 
 
+def with_passes(flags: list[Flag], passes) -> list[Flag]:
+    """A compiler bisection's probe (session.compiling): graph_trainer's optional passes all off, or the named ones
+    off besides those the cell's own flags turn off (an upstream test's cudagraph_pass)."""
+    if passes is None or not (passes.every or passes.off):
+        return flags
+    if passes.every:
+        return merged([*flags, Flag("compile.enable_passes", False, "compiler bisection probe")])
+    own = [n for f in flags if f.name == "compile.disable_passes" for n in str(f.value).split(",") if n]
+    names = ",".join(dict.fromkeys([*own, *passes.off]))
+    return merged([*flags, Flag("compile.disable_passes", names, "compiler bisection probe")])
+
+
 class Titan03(TorchtitanTarget):
     """torchtitan 0.3.x, ``torchtitan.experiments.graph_trainer`` (SimpleFSDP inside).
 
@@ -185,7 +197,7 @@ class Titan03(TorchtitanTarget):
     def flags(self, cell, dump_folder: Path, seed_folder: Path | None = None, run=0):
         a, s = cell.axes, self.matrix.settings
         if self.upstream_test(a):
-            return self.upstream_flags(cell, dump_folder, run)
+            return with_passes(self.upstream_flags(cell, dump_folder, run), cell.passes)
         flags = [*self.degree_flags(a), *self.compile_flags(a)]
         if "spmd_backend" in a:
             value = a["spmd_backend"]
@@ -202,7 +214,8 @@ class Titan03(TorchtitanTarget):
         flags.append(Flag("dump_folder", dump_folder, "target"))
         flags += self.trace_flags()
         flags += self.artifact_flags(cell, dump_folder)
-        return merged(flags + self.feature_flags(a, run))  # last: a feature (and its later runs) has the last word
+        # last: a feature (and its later runs) has the last word, then a compiler bisection's probe
+        return with_passes(merged(flags + self.feature_flags(a, run)), cell.passes)
 
     def seed_command(self, model, dump_folder: Path, versions=INSTALLED):
         """One rank that writes the seed checkpoint every cell of ``model`` starts from (spelled by the torchtitan
@@ -296,6 +309,8 @@ class Titan03(TorchtitanTarget):
                     hooks=schedule,
                 )
             )
+        if cell.passes is not None:  # a compiler bisection's probe: what the passes it turned off would have done
+            plan = [e for e in plan if e.key not in self.COMPILE_TIME]
         return plan
 
     COMPILE_TIME = ("effects.memory_policy", "effects.block_policy", "effects.inductor_compilation")  # graph passes

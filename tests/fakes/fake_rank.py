@@ -32,6 +32,10 @@ broken.txt, it decides the mode: a line `MODE` fails that mode as `fail` does, `
 it does not list passes. Without that file (the torchtitan pytest runs with:
 the pull request's side), the file $FAKE_TORCHTITAN_SAYS decides, where it is set; else the mode acts as given.
 With --gpu MODEL every rank records the machine a GPU rank's shim records (that GPU, a driver, a CUDA).
+A compiled rank (--compile, not eager) runs --graph-passes (a comma list, less --passes-off: names, or * for all;
+--mandatory ones run whatever it says) and records them as the shim records graph_trainer's (effects.graph_passes);
+--breaks-with A+B fails --rank at --at-step where passes A and B both ran (a miscompile), inside the last of them;
+--breaks-with trace fails it wherever it is compiled (the trace itself, no pass needed).
 With --tp N every rank records `{"mesh": {"tp": N}}` in $SIMPLEFSDP_EVIDENCE_DIR/rank<RANK>.json, as the
 shim's probe does for torchtitan. SIMPLEFSDP_MUTANT (the mutation tier) names a bug the fake re-injects,
 recorded as `{"mutant": {"name": ..., "applied": 1}}` like the shim's:
@@ -85,6 +89,11 @@ def main():
         default=None,
         help="on exactly this torch version, every second run fails (a file beside the dump folders counts them)",
     )
+    p.add_argument("--compile", default="eager", help="the compile mode: a compiled rank runs its graph passes")
+    p.add_argument("--graph-passes", default="", help="a compiled rank's graph passes, in order (comma list)")
+    p.add_argument("--passes-off", default="", help="passes turned off (comma list, * for all but --mandatory)")
+    p.add_argument("--mandatory", default="", help="passes that run though turned off (comma list)")
+    p.add_argument("--breaks-with", default="", help="PASS[+PASS]: --rank fails where these passes all ran")
     p.add_argument(
         "--torchtitan-says",
         action="store_true",
@@ -117,12 +126,28 @@ def main():
         record["mesh"] = {"tp": 1 if a.mode == "ignoretp" else a.tp}
     if mutant and mutant != "idle":
         record["mutant"] = {"name": mutant, "applied": 1}
+    ran, breaks = [], [b for b in a.breaks_with.split("+") if b]
+    if a.compile != "eager":
+        off, mandatory = set(filter(None, a.passes_off.split(","))), a.mandatory.split(",")
+        ran = [
+            p for p in filter(None, a.graph_passes.split(",")) if p in mandatory or ("*" not in off and p not in off)
+        ]
+        broken = rank == target and (breaks == ["trace"] or bool(breaks) and all(b in ran for b in breaks))
+        record["effects"] = {
+            "graph_passes": ran,
+            "graph_passes_mandatory": [p for p in mandatory if p in ran],
+            "graph_pass_running": breaks[-1] if broken and breaks != ["trace"] else "",
+        }
     if a.gpu:  # (canned: shim.provenance.gpu_machine's fields)
         record["machine"] = {"gpu": a.gpu, "driver": "550.54.15", "cuda": "12.8"}
     if record and os.environ.get("SIMPLEFSDP_EVIDENCE_DIR"):
         evidence = os.environ["SIMPLEFSDP_EVIDENCE_DIR"]
         os.makedirs(evidence, exist_ok=True)
-        with open(os.path.join(evidence, f"rank{rank}.json"), "w") as f:
+        path = os.path.join(evidence, f"rank{rank}.json")
+        if os.path.exists(path):  # (what the start-up shim recorded stays: the versions this rank imported)
+            with open(path) as f:
+                record = {**json.load(f), **record}
+        with open(path, "w") as f:
             json.dump(record, f)
     if a.mode == "failignore" and rank == target:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -170,6 +195,8 @@ def main():
             sys.stdout.close()
             sys.stderr.close()
             raise RuntimeError("fake failure on purpose")
+        if me and a.compile != "eager" and (breaks == ["trace"] or breaks and all(b in ran for b in breaks)):
+            raise RuntimeError(f"fake miscompile: {' and '.join(breaks)} broke the graph")
         if mutant == "crash" and rank == 1 and step == 2:
             raise RuntimeError("fake mutant crash")
         if me and a.mode == "fail":
