@@ -694,7 +694,7 @@ def test_a_planted_broken_graph_pass_is_named_by_the_compiler_bisection(pytester
         timeout=1800,
     )
     result.assert_outcomes(failed=1)
-    (found,) = run_doc(out)["bisections"]
+    (found,) = json.loads(out.read_text())["bisections"]
     assert found["culprits"] == ["canonicalize_graph_pass"], found
     assert found["found"].startswith(
         "fails with pass canonicalize_graph_pass on, passes with it off; with only it on it fails; "
