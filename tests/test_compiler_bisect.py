@@ -86,7 +86,7 @@ def test_the_ladder_stops_at_the_first_rung_that_fails():
     probes, named, _ = search({"compile": "compiled", "backend": "aot_eager"}, [], probe)
     assert (asked, named) == (
         ["eager"],
-        "fails only compiled (compiled on aot_eager backend); eager passes; no graph pass ran",
+        "fails only compiled (compiled on the aot_eager backend); eager passes; no graph pass ran",
     )
     probe, asked = scripted(lambda mode, ran: False)
     search({"compile": "jit", "backend": "inductor"}, [], probe)

@@ -82,8 +82,8 @@ def search(axes: dict, passes: list[str], probe, mandatory=()) -> tuple[list, st
         said.append(f"{rung.words} passes" if got == PASSES else f"{rung.words} {got} ({probes[-1].signature[:80]})")
     ladder_words = "; ".join(reversed(said))
     if not passes:  # (0.2's torch.compile of the model, a jit cell: no graph_trainer pass to search)
-        backend = axes.get("backend", "its")
-        return probes, f"fails only compiled ({mode} on {backend} backend); {ladder_words}; no graph pass ran", []
+        on = f" on the {axes['backend']} backend" if axes.get("backend") else ""
+        return probes, f"fails only compiled ({mode}{on}); {ladder_words}; no graph pass ran", []
     needed = [p for p in passes if look(Step(f"without {p}", passes=Passes(off=(p,)))) == PASSES]
     if needed and len(needed) < len(passes) and look(only(needed, passes)) == FAILS:
         culprits = needed
@@ -140,7 +140,10 @@ class CompilerBisector:
             ran = effects_of(rec.get("log_dir") or "", rec.get("failing_rank"))
             passes, mandatory = ran.get("graph_passes") or [], ran.get("graph_passes_mandatory") or []
             started = time.monotonic()
-            probes, named, culprits = search(cell.axes, passes, self.probe_for(run, cell, wanted), mandatory)
+            # the backend the cell compiles with, where the profile's setting, not an axis, names it
+            backend = cell.axes.get("backend", run.matrix.settings.get("compile_backend"))
+            axes = {**cell.axes, **({"backend": backend} if backend else {})}
+            probes, named, culprits = search(axes, passes, self.probe_for(run, cell, wanted), mandatory)
             item.bisection = Bisection([p.version for p in probes], probes, None, named)
             item.named, item.culprits, item.passes = named, culprits, list(passes)
             item.running = ran.get("graph_pass_running") or ""
