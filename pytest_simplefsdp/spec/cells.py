@@ -16,13 +16,10 @@ from .upstream import upstream_axes
 @dataclass(frozen=True)
 class Passes:
     """The graph passes a compiler bisection's probe turns off (session.compiling): all of graph_trainer's optional
-    ones (``every``: --compile.enable_passes False) or the named ones (--compile.disable_passes)."""
+    ones (``every``: --compile.no_enable_passes) or the named ones (--compile.disable_passes)."""
 
     off: tuple[str, ...] = ()
     every: bool = False
-
-    def label(self) -> str:
-        return "no graph passes" if self.every else "without " + ", ".join(self.off) if self.off else "every pass"
 
 
 @dataclass
