@@ -118,9 +118,10 @@ def _passing(lines, spans, ids, passing_entries, changes) -> set:
     return drop
 
 
-def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes, reasons=None):
+def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, changes, reasons):
     """Phase 3, in ``lines``: each draft's entry's error replaced where the entry exists and expects another one
-    (a changed signature), else a new entry appended (with the window found for it or one of its cells)."""
+    (a changed signature), else a new entry appended (with the window and reason sentence found for it or one of its
+    cells)."""
     added = []
     for draft in new_failures:
         result = draft.results[0]
@@ -138,11 +139,9 @@ def _drafted(lines, doc, spans, ids, new_failures, windows, date, dumper, change
             lines[at] = f"{indent}error: {_scalar(dumper, pattern)}  # signature changed {date}\n"
             changes.append(f"changed signature: {eid} now expects /{pattern}/ (was /{doc[ids[eid]].get('error')}/)")
             continue
-        window = next(
-            (windows.pop(k) for k in [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)] if k in windows), {}
-        )
-        keys = [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)]
-        sentence = next((reasons.pop(k) for k in keys if k in (reasons or {})), "")
+        keys = [eid, *(f"{draft.profile}-{r.id}" for r in draft.results)]  # (the entry's, else one of its cells')
+        window = next((windows.pop(k) for k in keys if k in windows), {})
+        sentence = next((reasons.pop(k) for k in keys if k in reasons), "")
         added.append(eid)
         out = io.StringIO()
         entry = _new_entry(draft, eid, pattern, window, date)

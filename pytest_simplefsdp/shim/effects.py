@@ -255,8 +255,8 @@ def cp_seen(ranks, chunk):
 def graph_passes(apply, name_of):
     """graph_trainer's pass runner, recording which passes ran (``graph_passes``, in order; those run whatever
     --compile.disable_passes says: ``graph_passes_mandatory``, GraphPP's normalization) and the pass running
-    (``graph_pass_running``: left set when a rank's error came from inside it). The compiler bisection reads the list of the
-    failing run, and each probe shows the passes it turned off did not run."""
+    (``graph_pass_running``: left set when a rank's error came from inside it). The compiler bisection reads the list
+    of the failing run, and each probe shows the passes it turned off did not run."""
 
     def started(fn, name):
         def run(*args, **kwargs):

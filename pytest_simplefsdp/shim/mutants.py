@@ -165,25 +165,36 @@ def graph_pass_corrupts_node():
     an aten.sub (the shapes agree, nothing fails; the step computes something else). The compiler bisection must
     name that pass (--simplefsdp-bisect=compiler)."""
 
-    @after_import("torchtitan.experiments.graph_trainer.passes", "mutant:graph_pass_corrupts_node")
-    def corrupt(module):
+    def corrupt(graph):
         import torch
 
-        original = module.canonicalize_graph_pass
+        add = next((n for n in graph.graph.nodes if n.target is torch.ops.aten.add.Tensor), None)
+        if add is None:
+            return False
+        add.target = torch.ops.aten.sub.Tensor
+        graph.recompile()
+        return True
 
-        def canonicalize_graph_pass(gm, *args, **kwargs):
+    _after_pass("canonicalize_graph_pass", "graph_pass_corrupts_node", corrupt)
+    return 0  # (counted when the pass changed a node)
+
+
+def _after_pass(name, mutant_name, change):
+    """Patch graph_trainer's pass ``name`` (looked up by name when its pass list is made, and filtered by it): after it
+    ran, ``change(graph)`` alters the graph it returned, and says whether it changed anything (counted)."""
+
+    @after_import("torchtitan.experiments.graph_trainer.passes", f"mutant:{mutant_name}")
+    def patch(module):
+        original = getattr(module, name)
+
+        def after(gm, *args, **kwargs):
             out = original(gm, *args, **kwargs)
-            graph = out if hasattr(out, "graph") else gm
-            add = next((n for n in graph.graph.nodes if n.target is torch.ops.aten.add.Tensor), None)
-            if add is not None:
-                add.target = torch.ops.aten.sub.Tensor
-                graph.recompile()
-                _acted("graph_pass_corrupts_node")
+            if change(out if hasattr(out, "graph") else gm):
+                _acted(mutant_name)
             return out
 
-        module.canonicalize_graph_pass = canonicalize_graph_pass
-
-    return 0  # (counted when the pass changed a node)
+        after.__name__ = name
+        setattr(module, name, after)
 
 
 def _acted(name):
@@ -252,23 +263,14 @@ def memory_policy_partial():
     """The memory policy tags every transformer block of the traced graph but its first, whose activations are all
     kept (the same numbers, less memory saved than the policy says)."""
 
-    @after_import("torchtitan.experiments.graph_trainer.passes", "mutant:memory_policy_partial")
-    def partial(module):
-        original = module.tag_with_memory_policy_pass
+    def untag_first_block(graph):
+        blocks = sorted({b for b in map(block_of, graph.graph.nodes) if b is not None}, key=int)
+        untagged = [n for n in graph.graph.nodes if blocks and block_of(n) == blocks[0] and "recompute" in n.meta]
+        for node in untagged:
+            del node.meta["recompute"]
+        return bool(untagged)
 
-        def tag_with_memory_policy_pass(gm, *args, **kwargs):
-            out = original(gm, *args, **kwargs)
-            graph = out if hasattr(out, "graph") else gm
-            blocks = sorted({b for b in map(block_of, graph.graph.nodes) if b is not None}, key=int)
-            untagged = [n for n in graph.graph.nodes if blocks and block_of(n) == blocks[0] and "recompute" in n.meta]
-            for node in untagged:
-                del node.meta["recompute"]
-            if untagged:
-                _acted("memory_policy_partial")
-            return out
-
-        module.tag_with_memory_policy_pass = tag_with_memory_policy_pass
-
+    _after_pass("tag_with_memory_policy_pass", "memory_policy_partial", untag_first_block)
     return 0
 
 
